@@ -1,0 +1,40 @@
+# A newcomer runs `make demo` and `make test`; both set up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PACKAGES := protos simulator compiler
+
+.PHONY: setup test test-slow lint protos explain demo clean
+
+setup: $(STAMP)
+
+# Strict editable mode makes mypy resolve the mapped trnsim.* packages (notes/PACKAGING.md);
+# it links files at install time, so the stamp re-runs the install when a module is added.
+$(STAMP): pyproject.toml protos/*.proto protos/*.py $(wildcard $(addsuffix /*.py,$(PACKAGES)))
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
+	touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy -p trnsim.simulator -p trnsim.compiler
+
+test: lint
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+protos: setup
+	$(PY) protos/generate.py
+
+explain: setup
+	$(PY) -m trnsim.compiler --explain examples/graphs/mlp.json
+
+demo: explain
+
+clean:
+	rm -rf $(VENV) build *.egg-info protos/*_pb2*.py protos/*_pb2*.pyi

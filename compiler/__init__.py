@@ -1,0 +1,174 @@
+"""The compiler: a small graph of ATen ops -> an executable for one simulated NeuronCore.
+
+`compile` runs PASSES in order over one Compilation; each pass returns a line saying what
+it did (printed by `python -m trnsim.compiler --explain`). Fusion will join the list
+between the graph rewrites and classification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trnsim.compiler import graph as ir
+from trnsim.compiler.cache_key import CacheKey, cache_key
+from trnsim.compiler.emit import emit
+from trnsim.compiler.lower import Instr, Kernel, classify, lower
+from trnsim.compiler.memory_plan import MemoryPlan, MemoryPlanError, memory_plan
+from trnsim.compiler.passes import eliminate_common_subexpressions, eliminate_dead_code
+from trnsim.compiler.schedule import list_schedule
+from trnsim.compiler.version import FORMAT_VERSION, compiler_version
+from trnsim.protos import executable_pb2, graph_pb2
+from trnsim.simulator.config import Target, get_target
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PASSES",
+    "CacheKey",
+    "Compilation",
+    "CompileError",
+    "MemoryPlanError",
+    "cache_key",
+    "compile",
+    "compiler_version",
+]
+
+
+class CompileError(ValueError):
+    """Unrecoverable for this graph: deterministic, so the same graph fails the same way."""
+
+
+@dataclass
+class Compilation:
+    graph: ir.Graph
+    target: Target
+    options: executable_pb2.CompileOptions
+    debug: graph_pb2.GraphDebug | None = None
+    key: CacheKey | None = None
+    kernels: list[Kernel] = field(default_factory=list)
+    plan: MemoryPlan | None = None
+    instructions: list[Instr] = field(default_factory=list)
+    makespan_ns: float = 0.0
+    executable: executable_pb2.Executable | None = None
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def hbm_budget(self) -> int:
+        return self.options.hbm_budget_bytes or self.target.hbm_bytes
+
+    @property
+    def sbuf_budget(self) -> int:
+        return self.options.sbuf_budget_bytes or self.target.sbuf_bytes
+
+
+def _key(c: Compilation) -> str:
+    c.graph, _ = ir.canonicalize(c.graph)
+    c.key = cache_key(c.graph, c.target, c.options)
+    return f"{len(c.graph.nodes)} nodes, {len(c.graph.inputs)} inputs, key {c.key.digest[:16]}"
+
+
+def _dce(c: Compilation) -> str:
+    before = len(c.graph.nodes)
+    if not c.options.disable_dce:
+        c.graph = eliminate_dead_code(c.graph)
+    return f"{before} -> {len(c.graph.nodes)} nodes"
+
+
+def _cse(c: Compilation) -> str:
+    before = len(c.graph.nodes)
+    if not c.options.disable_cse:
+        c.graph = eliminate_common_subexpressions(c.graph)
+    return f"{before} -> {len(c.graph.nodes)} nodes"
+
+
+def _classify(c: Compilation) -> str:
+    c.kernels = classify(c.graph, c.target, c.sbuf_budget)
+    counts: dict[str, int] = {}
+    for k in c.kernels:
+        name = executable_pb2.InstructionClass.Name(k.klass)
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+
+
+def _memory_plan(c: Compilation) -> str:
+    tiles = [k.sbuf_bytes for k in c.kernels]
+    c.plan = memory_plan(c.graph, tiles, c.hbm_budget, c.sbuf_budget)
+    p = c.plan
+    return (
+        f"HBM scratch {p.hbm_scratch_bytes} B after reuse (unshared {p.hbm_unshared_bytes} B), "
+        f"I/O {p.hbm_io_bytes} B, SBUF peak {p.sbuf_peak_bytes} B"
+    )
+
+
+def _lower(c: Compilation) -> str:
+    assert c.plan is not None
+    c.instructions = lower(c.graph, c.kernels, c.plan, c.target)
+    return f"{len(c.instructions)} instructions"
+
+
+def _schedule(c: Compilation) -> str:
+    c.makespan_ns = list_schedule(c.instructions, c.target)
+    return f"makespan {c.makespan_ns / 1000:.3f} us"
+
+
+def _emit(c: Compilation) -> str:
+    assert c.plan is not None and c.key is not None
+    c.executable = emit(
+        c.graph,
+        c.plan,
+        c.instructions,
+        c.makespan_ns,
+        c.target,
+        c.options,
+        c.key.digest,
+        c.debug if c.options.emit_debug_info else None,
+        c.log,
+    )
+    return f"{c.executable.ByteSize()} bytes"
+
+
+Pass = tuple[str, Callable[[Compilation], str]]
+
+PASSES: tuple[Pass, ...] = (
+    ("canonicalize", _key),
+    ("dead code elimination", _dce),
+    ("common subexpression elimination", _cse),
+    ("classify", _classify),
+    ("memory plan", _memory_plan),
+    ("lower", _lower),
+    ("list schedule", _schedule),
+    ("emit", _emit),
+)
+
+
+def compile(
+    graph: graph_pb2.Graph | ir.Graph,
+    target: str | Target = "trn2",
+    options: executable_pb2.CompileOptions | None = None,
+    debug: graph_pb2.GraphDebug | None = None,
+) -> executable_pb2.Executable:
+    """Compiles a graph; raises CompileError (deterministic) if it cannot be compiled."""
+    return run_passes(graph, target, options, debug).executable  # type: ignore[return-value]
+
+
+def run_passes(
+    graph: graph_pb2.Graph | ir.Graph,
+    target: str | Target = "trn2",
+    options: executable_pb2.CompileOptions | None = None,
+    debug: graph_pb2.GraphDebug | None = None,
+) -> Compilation:
+    try:
+        g = ir.from_proto(graph) if isinstance(graph, graph_pb2.Graph) else graph
+        g.validate()
+    except ir.GraphError as e:
+        raise CompileError(f"malformed graph: {e}") from e
+    if options is None:
+        options = executable_pb2.CompileOptions()
+    t = get_target(target) if isinstance(target, str) else target
+    c = Compilation(g, t, options, debug)
+    for name, run in PASSES:
+        try:
+            c.log.append(f"{name}: {run(c)}")
+        except MemoryPlanError as e:
+            raise CompileError(str(e)) from e
+    return c

@@ -1,0 +1,253 @@
+"""Lowering: each node becomes engine instructions (load, compute, store) priced by the
+simulator's cost model, with data and memory-reuse dependencies between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trnsim.compiler import op_table
+from trnsim.compiler.graph import Graph, Node, TensorType, Value
+from trnsim.compiler.memory_plan import MemoryPlan
+from trnsim.protos import executable_pb2 as ex
+from trnsim.simulator import cost_model, dtypes
+from trnsim.simulator.config import Target
+from trnsim.simulator.cost_model import Cost
+
+C = ex.InstructionClass
+ENGINE_ENUM = {
+    "tensor": ex.TENSOR,
+    "vector": ex.VECTOR,
+    "scalar": ex.SCALAR,
+    "gpsimd": ex.GPSIMD,
+    "dma": ex.DMA,
+    "none": ex.NONE,
+}
+
+
+@dataclass
+class Kernel:
+    """What one node costs: its class, its compute cost, flops, and bytes it moves."""
+
+    klass: int
+    cost: Cost
+    flops: int = 0
+    load_bytes: int = 0
+    store_bytes: int = 0
+    sbuf_bytes: int = 0
+
+
+@dataclass
+class Instr:
+    id: int
+    engine: str
+    klass: int
+    cost: Cost
+    nodes: list[int] = field(default_factory=list)
+    reads: list[int] = field(default_factory=list)
+    writes: list[int] = field(default_factory=list)
+    deps: dict[int, bool] = field(default_factory=dict)  # producer id -> streamed
+    flops: int = 0
+    nbytes: int = 0
+    # Filled by the scheduler.
+    start_ns: float = 0.0
+    end_ns: float = 0.0
+
+
+def _tensor_types(g: Graph, node: Node) -> list[TensorType]:
+    return [g.type_of(v) for v in node.tensor_args()]
+
+
+def _low_precision(types: list[TensorType]) -> bool:
+    return bool(types) and all(dtypes.is_low_precision(t.dtype) for t in types)
+
+
+def _tile_bytes(t: TensorType, target: Target) -> int:
+    return min(t.nbytes, target.partitions * cost_model.TILE_ELEMENTS_PER_PARTITION * t.itemsize)
+
+
+def gemm_reload_bytes(shape: op_table.GemmShape, itemsize: int, sbuf_budget: int) -> int:
+    """HBM bytes a blocked GEMM reads beyond each operand once: when both operands do not
+    fit in half of SBUF, panels of one are reloaded for every block of the other."""
+    a = shape.batch * shape.m * shape.k * itemsize
+    b = shape.batch * shape.k * shape.n * itemsize
+    half = sbuf_budget // 2
+    if a + b <= half:
+        return 0
+    block = max(128, half // max(1, 2 * shape.k * itemsize) // 128 * 128)
+    return a * (-(-shape.n // block) - 1) + b * (-(-shape.m // block) - 1)
+
+
+def kernel_for(g: Graph, node: Node, target: Target, sbuf_budget: int) -> Kernel:
+    klass = op_table.classify(node.op)
+    ins = _tensor_types(g, node)
+    in_bytes = sum(t.nbytes for t in ins)
+    out_bytes = sum(t.nbytes for j, t in enumerate(node.outputs) if not _is_view_output(node, j))
+    written = sum(g.type_of(v).nbytes for v in _written_args(node))
+    out_elems = max((t.numel for t in node.outputs), default=0)
+    in_elems = max((t.numel for t in ins), default=0)
+    low = _low_precision(ins or list(node.outputs))
+    sbuf = 2 * sum(_tile_bytes(t, target) for t in [*ins, *node.outputs])
+    if klass == C.VIEW:
+        return Kernel(klass, Cost.zero())
+    if klass in (C.DMA_COPY, C.COLLECTIVE):
+        nbytes = in_bytes + out_bytes + written
+        return Kernel(klass, cost_model.dma(target, nbytes), 0, nbytes, 0, 0)
+    if klass == C.MATMUL:
+        shapes = op_table.gemm_shapes(
+            node.op, [t.shape for t in ins], [t.shape for t in node.outputs]
+        )
+        costs = [cost_model.matmul(target, s.m, s.k, s.n, low, s.batch) for s in shapes]
+        itemsize = ins[0].itemsize if ins else 4
+        traffic = in_bytes + sum(gemm_reload_bytes(s, itemsize, sbuf_budget) for s in shapes)
+        cost = Cost(
+            "tensor",
+            sum(c.cycles for c in costs),
+            sum(c.ns for c in costs),
+            costs[0].first_tile_ns,
+            sum(c.tiles for c in costs),
+        )
+        sbuf = min(sbuf_budget // 2, traffic) + 2 * sum(
+            _tile_bytes(t, target) for t in node.outputs
+        )
+        flops = sum(s.flops for s in shapes)
+        return Kernel(klass, cost, flops, traffic, out_bytes + written, sbuf)
+    cost = _elementwise_cost(klass, node, target, in_elems, out_elems, low)
+    return Kernel(klass, cost, max(in_elems, out_elems), in_bytes, out_bytes + written, sbuf)
+
+
+def _elementwise_cost(
+    klass: int, node: Node, target: Target, in_elems: int, out_elems: int, low: bool
+) -> Cost:
+    if klass == C.TENSOR_TENSOR:
+        return cost_model.tensor_tensor(target, out_elems, low)
+    if klass == C.TENSOR_SCALAR:
+        return cost_model.tensor_scalar(target, out_elems)
+    if klass == C.ACTIVATION:
+        if op_table.base_name(node.op) in op_table.RECIPROCAL_OPS:
+            return cost_model.reciprocal(target, out_elems)
+        return cost_model.activation(target, out_elems)
+    if klass == C.REDUCTION:
+        return cost_model.reduction(target, in_elems, low)
+    if klass == C.NORMALIZATION:
+        return cost_model.normalization(target, max(in_elems, out_elems))
+    if klass == C.GPSIMD_OP:
+        return cost_model.gpsimd(target, max(in_elems, out_elems))
+    if klass == C.TRANSPOSE:
+        shape = node.outputs[0].shape if node.outputs else (1,)
+        rows = shape[-2] if len(shape) >= 2 else 1
+        return cost_model.transpose(target, rows, shape[-1] if shape else 1)
+    # GENERIC: an op the table does not know, priced as a tensor-tensor pass over its data.
+    return cost_model.tensor_tensor(target, max(in_elems, out_elems), low)
+
+
+def _is_view_output(node: Node, output: int) -> bool:
+    return any(a.output == output for a in node.aliases)
+
+
+def _written_args(node: Node) -> list[Value]:
+    out = []
+    for a in node.aliases:
+        if a.writes:
+            v = node.args[a.argument][1]
+            assert isinstance(v, Value)
+            out.append(v)
+    return out
+
+
+def classify(g: Graph, target: Target, sbuf_budget: int) -> list[Kernel]:
+    return [kernel_for(g, node, target, sbuf_budget) for node in g.nodes]
+
+
+class _Builder:
+    """Appends instructions and derives dependencies from the buffers they touch."""
+
+    def __init__(self, plan: MemoryPlan) -> None:
+        self.plan = plan
+        self.instrs: list[Instr] = []
+        self.last_writer: dict[int, int] = {}  # root buffer -> instruction
+        self.readers: dict[int, list[int]] = {}  # root buffer -> instructions since the write
+
+    def add(
+        self,
+        engine: str,
+        klass: int,
+        cost: Cost,
+        node: int | None,
+        reads: list[int],
+        writes: list[int],
+        streamed_from: int | None = None,
+    ) -> Instr:
+        ins = Instr(len(self.instrs), engine, klass, cost, [] if node is None else [node])
+        ins.reads, ins.writes = sorted(set(reads)), sorted(set(writes))
+        if streamed_from is not None:
+            ins.deps[streamed_from] = True
+        for b in ins.reads:
+            self._dep(ins, self.last_writer.get(self.plan.root(b).id))
+        for b in ins.writes:
+            root = self.plan.root(b).id
+            self._dep(ins, self.last_writer.get(root))
+            for reader in self.readers.get(root, []):
+                self._dep(ins, reader)
+        for b in ins.reads:
+            self.readers.setdefault(self.plan.root(b).id, []).append(ins.id)
+        for b in ins.writes:
+            root = self.plan.root(b).id
+            self.last_writer[root] = ins.id
+            self.readers[root] = []
+        self.instrs.append(ins)
+        return ins
+
+    @staticmethod
+    def _dep(ins: Instr, producer: int | None) -> None:
+        if producer is not None and producer != ins.id and producer not in ins.deps:
+            ins.deps[producer] = False
+
+
+def lower(g: Graph, kernels: list[Kernel], plan: MemoryPlan, target: Target) -> list[Instr]:
+    """Instructions for every node, in program order, with their dependencies."""
+    b = _Builder(plan)
+    for i, (node, k) in enumerate(zip(g.nodes, kernels, strict=True)):
+        reads = [plan.buffer_of[v] for v in node.tensor_args()]
+        writes = [plan.buffer_of[Value(i, j)] for j in range(len(node.outputs))]
+        writes += [plan.buffer_of[v] for v in _written_args(node)]
+        if k.klass == C.VIEW:
+            writes = [w for w in writes if plan.buffers[w].role != ex.ALIAS]
+            b.add("none", k.klass, k.cost, i, reads, writes)
+            continue
+        if k.klass in (C.DMA_COPY, C.COLLECTIVE):
+            b.add("dma", k.klass, k.cost, i, reads, writes).nbytes = k.load_bytes
+            continue
+        load = None
+        if k.load_bytes:
+            load = b.add("dma", C.DMA_LOAD, cost_model.dma(target, k.load_bytes), None, reads, [])
+            load.nbytes = k.load_bytes
+        engine = op_table.ENGINE_OF_CLASS[k.klass]
+        compute = b.add(engine, k.klass, k.cost, i, reads, [], None if load is None else load.id)
+        compute.flops = k.flops
+        compute.nbytes = k.load_bytes + k.store_bytes
+        store_cost = cost_model.dma(target, k.store_bytes)
+        store = b.add("dma", C.DMA_STORE, store_cost, None, [], writes, compute.id)
+        store.nbytes = k.store_bytes
+    _add_reuse_deps(b, plan)
+    return b.instrs
+
+
+def _add_reuse_deps(b: _Builder, plan: MemoryPlan) -> None:
+    """A buffer placed where an earlier one lived is written only after that one's last read."""
+    internal = [x for x in plan.buffers if x.role == ex.INTERNAL and x.size]
+    writers: dict[int, list[int]] = {}
+    readers: dict[int, list[int]] = {}
+    for ins in b.instrs:
+        for w in ins.writes:
+            writers.setdefault(plan.root(w).id, []).append(ins.id)
+        for r in ins.reads:
+            readers.setdefault(plan.root(r).id, []).append(ins.id)
+    for new in internal:
+        for old in internal:
+            if old.live_until >= new.live_from or old is new:
+                continue
+            if old.offset < new.offset + new.size and new.offset < old.offset + old.size:
+                for w in writers.get(new.id, []):
+                    for r in readers.get(old.id, []) + writers.get(old.id, []):
+                        if r < w:
+                            b._dep(b.instrs[w], r)

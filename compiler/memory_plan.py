@@ -1,0 +1,145 @@
+"""Memory planning: which buffer every value lives in, lifetimes, and offsets with reuse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trnsim.compiler.graph import Graph, Value
+from trnsim.protos import executable_pb2 as ex
+
+ALIGNMENT = 64  # bytes; offsets in a scratch arena are multiples of this
+
+
+class MemoryPlanError(ValueError):
+    """Unrecoverable for this graph on this target: it needs more memory than the budget."""
+
+
+@dataclass
+class PlannedBuffer:
+    id: int
+    role: int  # ex.BufferRole
+    memory: int  # ex.MemoryKind
+    size: int
+    value: Value | None = None
+    alias_of: int | None = None
+    live_from: int = 0  # first step (node index) that writes it
+    live_until: int = 0  # last step that reads it
+    offset: int = 0
+
+
+@dataclass
+class MemoryPlan:
+    buffers: list[PlannedBuffer] = field(default_factory=list)
+    buffer_of: dict[Value, int] = field(default_factory=dict)  # value -> buffer id
+    hbm_scratch_bytes: int = 0
+    hbm_unshared_bytes: int = 0
+    sbuf_peak_bytes: int = 0
+    hbm_io_bytes: int = 0
+
+    def root(self, buffer_id: int) -> PlannedBuffer:
+        """The buffer that owns the memory of buffer_id (following ALIAS links)."""
+        b = self.buffers[buffer_id]
+        while b.alias_of is not None:
+            b = self.buffers[b.alias_of]
+        return b
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def assign_offsets(buffers: list[PlannedBuffer]) -> int:
+    """Greedy by size: each buffer takes the lowest offset free for all of its lifetime.
+
+    Two buffers whose lifetimes overlap never overlap in address. Returns the arena's peak.
+    """
+    placed: list[PlannedBuffer] = []
+    peak = 0
+    for b in sorted(buffers, key=lambda b: (-b.size, b.live_from, b.id)):
+        conflicts = sorted(
+            (p.offset, p.offset + _align(p.size))
+            for p in placed
+            if p.live_from <= b.live_until and b.live_from <= p.live_until
+        )
+        offset = 0
+        for start, end in conflicts:
+            if offset + _align(b.size) <= start:
+                break
+            offset = max(offset, end)
+        b.offset = offset
+        placed.append(b)
+        peak = max(peak, offset + _align(b.size))
+    return peak
+
+
+def plan_values(g: Graph) -> MemoryPlan:
+    """Buffers for inputs (caller's), outputs (caller's), aliases and internal values."""
+    plan = MemoryPlan()
+    observable = set(g.outputs)
+
+    def add(role: int, value: Value, size: int, step: int, alias_of: int | None = None) -> None:
+        b = PlannedBuffer(len(plan.buffers), role, ex.HBM, size, value, alias_of, step, step)
+        plan.buffers.append(b)
+        plan.buffer_of[value] = b.id
+
+    for i, t in enumerate(g.inputs):
+        add(ex.INPUT, Value(None, i), t.nbytes, -1)
+    for i, node in enumerate(g.nodes):
+        aliased = {a.output: a.argument for a in node.aliases}
+        for j, t in enumerate(node.outputs):
+            v = Value(i, j)
+            if j in aliased:
+                source = node.args[aliased[j]][1]
+                assert isinstance(source, Value), "validated: aliases name tensors"
+                add(ex.ALIAS, v, t.nbytes, i, plan.buffer_of[source])
+            else:
+                add(ex.OUTPUT if v in observable else ex.INTERNAL, v, t.nbytes, i)
+    _extend_lifetimes(g, plan)
+    return plan
+
+
+def _extend_lifetimes(g: Graph, plan: MemoryPlan) -> None:
+    """Every read (also through a view) keeps the owning buffer alive; observable roots of
+    observable views become OUTPUT buffers."""
+    for i, node in enumerate(g.nodes):
+        for v in node.tensor_args():
+            root = plan.root(plan.buffer_of[v])
+            root.live_until = max(root.live_until, i)
+    end = len(g.nodes)
+    for v in g.outputs:
+        root = plan.root(plan.buffer_of[v])
+        root.live_until = end
+        if root.role == ex.INTERNAL:
+            root.role = ex.OUTPUT
+
+
+def memory_plan(g: Graph, sbuf_tiles: list[int], hbm_budget: int, sbuf_budget: int) -> MemoryPlan:
+    """Plans HBM for the graph's values and SBUF for each node's staging tiles.
+
+    sbuf_tiles[i] is the SBUF working set node i needs (double-buffered tiles).
+    """
+    plan = plan_values(g)
+    internal = [b for b in plan.buffers if b.role == ex.INTERNAL]
+    plan.hbm_scratch_bytes = assign_offsets(internal)
+    plan.hbm_unshared_bytes = sum(_align(b.size) for b in internal)
+    plan.hbm_io_bytes = sum(b.size for b in plan.buffers if b.role in (ex.INPUT, ex.OUTPUT))
+    tiles = [
+        PlannedBuffer(-1, ex.INTERNAL, ex.SBUF, size, live_from=i, live_until=i)
+        for i, size in enumerate(sbuf_tiles)
+        if size
+    ]
+    plan.sbuf_peak_bytes = assign_offsets(tiles)
+    need = plan.hbm_scratch_bytes + plan.hbm_io_bytes
+    if need > hbm_budget:
+        raise MemoryPlanError(
+            f"the graph needs {need} bytes of HBM ({plan.hbm_scratch_bytes} internal + "
+            f"{plan.hbm_io_bytes} inputs/outputs), over the budget of {hbm_budget} bytes; "
+            f"split the graph or use smaller tensors"
+        )
+    if plan.sbuf_peak_bytes > sbuf_budget:
+        largest = max(sbuf_tiles)
+        raise MemoryPlanError(
+            f"staging tiles need {plan.sbuf_peak_bytes} bytes of SBUF (largest node "
+            f"{largest}), over the budget of {sbuf_budget} bytes"
+        )
+    return plan

@@ -1,0 +1,71 @@
+"""Graph rewrites: dead code elimination and common subexpression elimination."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trnsim.compiler.graph import Graph, Node, Value, node_to_proto, remap_node, remap_values
+from trnsim.compiler.op_table import has_side_effects
+
+
+def _keep(node: Node) -> bool:
+    return node.writes() or has_side_effects(node.name)
+
+
+def eliminate_dead_code(g: Graph) -> Graph:
+    """Drops nodes none of whose outputs reach a graph output or a kept (side-effect) node."""
+    live: set[int] = set()
+    needed: set[Value] = set(g.outputs)
+    for i in range(len(g.nodes) - 1, -1, -1):
+        node = g.nodes[i]
+        if _keep(node) or any(Value(i, j) in needed for j in range(len(node.outputs))):
+            live.add(i)
+            needed.update(node.tensor_args())
+    return _select(g, sorted(live))
+
+
+def _select(g: Graph, kept: list[int]) -> Graph:
+    """The graph with only nodes `kept` (ascending), references renumbered."""
+    if len(kept) == len(g.nodes):
+        return g
+    new_index = {old: new for new, old in enumerate(kept)}
+    mapping = {
+        Value(old, j): Value(new, j)
+        for old, new in new_index.items()
+        for j in range(len(g.nodes[old].outputs))
+    }
+    remapped = remap_values(g, mapping)
+    return replace(remapped, nodes=tuple(remapped.nodes[i] for i in kept))
+
+
+def eliminate_common_subexpressions(g: Graph) -> Graph:
+    """Merges nodes that compute the same op on the same values with the same arguments.
+
+    Nodes with side effects (in-place writes, random numbers, collectives) are never merged,
+    and nothing is merged across a write, since a write may change what an input holds.
+    """
+    mapping: dict[Value, Value] = {}
+    seen: dict[bytes, int] = {}
+    kept: list[int] = []
+    nodes = list(g.nodes)
+    for i, node in enumerate(nodes):
+        node = remap_node(node, mapping)
+        nodes[i] = node
+        if _keep(node):
+            seen.clear()  # a write may change any value an earlier node read
+            kept.append(i)
+            continue
+        key = _node_key(node)
+        if key in seen:
+            twin = seen[key]
+            for j in range(len(node.outputs)):
+                mapping[Value(i, j)] = Value(twin, j)
+            continue
+        seen[key] = i
+        kept.append(i)
+    g = replace(g, nodes=tuple(nodes), outputs=tuple(mapping.get(v, v) for v in g.outputs))
+    return _select(g, kept)
+
+
+def _node_key(node: Node) -> bytes:
+    return node_to_proto(node).SerializeToString(deterministic=True)

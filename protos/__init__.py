@@ -1,0 +1,1 @@
+"""Wire and disk formats: graph, executable, compile service (generated modules beside)."""

@@ -1,0 +1,1 @@
+"""The simulated Trainium chip: targets, HBM allocator, cost model and device timeline."""
