@@ -10,10 +10,10 @@ PACKAGES := protos simulator compiler
 setup: $(STAMP)
 
 # Strict editable mode makes mypy resolve the mapped trnsim.* packages (notes/PACKAGING.md);
-# it links files at install time, so the stamp re-runs the install when a module is added.
-$(STAMP): pyproject.toml protos/*.proto protos/*.py $(wildcard $(addsuffix /*.py,$(PACKAGES)))
+# it links files at install time, so the install re-runs when a package folder gains or
+# loses a file (the folder's mtime changes) or a .proto changes.
+$(STAMP): pyproject.toml protos/*.proto $(PACKAGES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
 

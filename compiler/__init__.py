@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trnsim.compiler import graph as ir
-from trnsim.compiler.cache_key import CacheKey, cache_key
 from trnsim.compiler.emit import emit
+from trnsim.compiler.keys import CacheKey, cache_key
 from trnsim.compiler.lower import Instr, Kernel, classify, lower
 from trnsim.compiler.memory_plan import MemoryPlan, MemoryPlanError, memory_plan
 from trnsim.compiler.passes import eliminate_common_subexpressions, eliminate_dead_code
