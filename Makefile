@@ -12,7 +12,7 @@ setup: $(STAMP)
 # Strict editable mode makes mypy resolve the mapped trnsim.* packages (notes/PACKAGING.md);
 # it links files at install time, so the install re-runs when a package folder gains or
 # loses a file (the folder's mtime changes) or a .proto changes.
-$(STAMP): pyproject.toml protos/*.proto $(PACKAGES)
+$(STAMP): pyproject.toml protos/*.proto $(addsuffix /.,$(PACKAGES))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
