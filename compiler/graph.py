@@ -47,7 +47,7 @@ class TensorType:
     @property
     def nbytes(self) -> int:
         """Bytes of the elements the tensor can address (its storage span, offset excluded)."""
-        if self.numel == 0:
+        if any(s <= 0 for s in self.shape):  # empty, or a data-dependent shape (dims of -1)
             return 0
         span = 1 + sum((s - 1) * st for s, st in zip(self.shape, self.strides, strict=True))
         return span * self.itemsize
@@ -67,6 +67,13 @@ class Value:
 
     def __str__(self) -> str:
         return f"%in{self.index}" if self.node is None else f"%{self.node}.{self.index}"
+
+
+@dataclass(frozen=True)
+class ScalarInput:
+    """A runtime scalar argument: index into the launch's scalars (numbered by first use)."""
+
+    index: int
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class DeviceArg:
 
 ArgValue: TypeAlias = (
     Value
+    | ScalarInput
     | int
     | float
     | bool
@@ -145,12 +153,21 @@ def _values_in(value: ArgValue) -> Iterator[Value]:
             yield from _values_in(item)
 
 
+def _scalars_in(value: ArgValue) -> Iterator[ScalarInput]:
+    if isinstance(value, ScalarInput):
+        yield value
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _scalars_in(item)
+
+
 @dataclass(frozen=True)
 class Graph:
     inputs: tuple[TensorType, ...]
     nodes: tuple[Node, ...]
     outputs: tuple[Value, ...]
     name: str = field(default="", compare=False)
+    num_scalar_inputs: int = 0
 
     def type_of(self, value: Value) -> TensorType:
         if value.node is None:
@@ -175,6 +192,10 @@ class Graph:
                     raise GraphError(f"node {i} ({node.op}): alias {alias} is out of range")
                 if not isinstance(node.args[alias.argument][1], Value):
                     raise GraphError(f"node {i} ({node.op}): alias {alias} names a non-tensor")
+            for _, value in node.args:
+                for s in _scalars_in(value):
+                    if s.index >= self.num_scalar_inputs:
+                        raise GraphError(f"node {i} ({node.op}): scalar input {s.index} undeclared")
         for v in self.outputs:
             self._check_ref(v, len(self.nodes), "graph outputs")
 
@@ -230,6 +251,8 @@ def arg_to_proto(name: str, value: ArgValue) -> graph_pb2.Argument:
         a.float = value
     elif isinstance(value, str):
         a.string = value
+    elif isinstance(value, ScalarInput):
+        a.scalar_input = value.index
     elif isinstance(value, DTypeArg):
         a.dtype = value.dtype  # type: ignore[assignment]
     elif isinstance(value, MemoryFormatArg):
@@ -255,6 +278,8 @@ def arg_from_proto(a: graph_pb2.Argument) -> tuple[str, ArgValue]:
         value = None
     elif kind == "list":
         value = tuple(arg_from_proto(item)[1] for item in a.list.items)
+    elif kind == "scalar_input":
+        value = ScalarInput(a.scalar_input)
     elif kind == "dtype":
         value = DTypeArg(int(a.dtype))
     elif kind == "memory_format":
@@ -294,6 +319,7 @@ def to_proto(g: Graph) -> graph_pb2.Graph:
         inputs=[type_to_proto(t) for t in g.inputs],
         nodes=[node_to_proto(n) for n in g.nodes],
         outputs=[value_to_proto(v) for v in g.outputs],
+        num_scalar_inputs=g.num_scalar_inputs,
     )
 
 
@@ -302,6 +328,7 @@ def from_proto(p: graph_pb2.Graph) -> Graph:
         inputs=tuple(type_from_proto(t) for t in p.inputs),
         nodes=tuple(node_from_proto(n) for n in p.nodes),
         outputs=tuple(value_from_proto(v) for v in p.outputs),
+        num_scalar_inputs=p.num_scalar_inputs,
     )
     g.validate()
     return g

@@ -60,8 +60,8 @@ _GPSIMD = """index_select gather scatter scatter_add scatter_reduce index index_
     upsample_bilinear2d grid_sampler_2d im2col col2im"""
 _DMA = """copy _copy_from _to_copy clone contiguous cat stack expand_copy flip roll repeat
     constant_pad_nd pad reflection_pad2d replication_pad2d slice_scatter select_scatter
-    as_strided_scatter diagonal_scatter _to_dense new_zeros new_ones new_full new_empty
-    new_empty_strided empty empty_like empty_strided zeros ones full resize_ set_ alias_copy
+    as_strided_scatter diagonal_scatter _to_dense new_zeros new_ones new_full zeros ones full
+    resize_ set_ alias_copy
     view_copy _unsafe_view_copy repeat_interleave tile narrow_copy block_diag cartesian_prod
     _foreach_copy detach_copy"""
 _VIEW = """view _unsafe_view reshape expand expand_as permute transpose t slice select squeeze
@@ -69,6 +69,8 @@ _VIEW = """view _unsafe_view reshape expand expand_as permute transpose t slice 
     view_as_real view_as_complex unbind _reshape_alias lift_fresh movedim swapaxes
     numpy_T mT mH _indices _values real imag conj _conj _neg_view resolve_conj resolve_neg
     unsafe_split unsafe_chunk tensor_split hsplit vsplit flatten unflatten view_as ravel"""
+# Allocations: no device work (priced like views).
+_ALLOC = "empty empty_like empty_strided new_empty new_empty_strided"
 _COLLECTIVE = """all_reduce all_gather_into_tensor reduce_scatter_tensor all_to_all_single broadcast
     all_reduce_coalesced all_gather_into_tensor_coalesced reduce_scatter_tensor_coalesced
     wait_tensor allreduce_ allgather_ reduce_scatter_ broadcast_ alltoall_base_ barrier"""
@@ -94,6 +96,7 @@ def _table() -> dict[str, int]:
         (_GPSIMD, C.GPSIMD_OP),
         (_DMA, C.DMA_COPY),
         (_VIEW, C.VIEW),
+        (_ALLOC, C.VIEW),
         (_COLLECTIVE, C.COLLECTIVE),
     ):
         for name in names.split():
