@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := protos simulator compiler
+PACKAGES := protos simulator compiler client
 
 .PHONY: setup test test-slow lint protos explain demo clean
 
@@ -14,13 +14,15 @@ setup: $(STAMP)
 # loses a file (the folder's mtime changes) or a .proto changes.
 $(STAMP): pyproject.toml protos/*.proto $(addsuffix /.,$(PACKAGES))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: the CPU build on this machine's disk (never a CUDA download).
+	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy -p trnsim.simulator -p trnsim.compiler
+	$(VENV)/bin/mypy -p trnsim.simulator -p trnsim.compiler -p trnsim.client
 
 test: lint
 	$(PY) -m pytest -q -m "not slow"

@@ -9,7 +9,9 @@ from trnsim.compiler.op_table import has_side_effects
 
 
 def _keep(node: Node) -> bool:
-    return node.writes() or has_side_effects(node.name)
+    """Nodes that matter beyond their outputs: writes, RNG, communication, and nodes with no
+    outputs at all (in-place list ops such as _foreach_add_ exist only for their effects)."""
+    return not node.outputs or node.writes() or has_side_effects(node.name)
 
 
 def eliminate_dead_code(g: Graph) -> Graph:

@@ -1,0 +1,86 @@
+"""Registers the neuron device with PyTorch: the PrivateUse1 backend and its kernels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_state: dict[str, Any] = {}
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):  # type: ignore[misc,name-defined]
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, device_index: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):  # type: ignore[misc,name-defined]
+    def type_(self) -> Any:
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    if "direct" not in _state:
+        _register_direct_kernels()
+    from trnsim.client.dispatch import kernel
+
+    return kernel(op, *args, **kwargs)
+
+
+def _wants_direct_kernel(name: str) -> bool:
+    """Ops that would otherwise decompose before reaching the backend: structured ops
+    (CompositeExplicitAutogradNonFunctional), composites CPU replaces with its own kernel,
+    and foreach ops (one executable for the whole list instead of one per tensor)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has(name, "PrivateUse1") or not name.startswith("aten::"):
+        return False
+    if has(name, "CompositeExplicitAutogradNonFunctional"):
+        return True
+    if has(name, "CompositeExplicitAutograd"):
+        return has(name, "CPU") or name.startswith("aten::_foreach_")
+    return False
+
+
+def _register_direct_kernels() -> None:
+    """Once, on the first neuron op (kept out of `import torch`: about 20 ms)."""
+    from trnsim.client.dispatch import kernel
+
+    lib = torch.library.Library("aten", "IMPL")
+    count = 0
+    for name in torch._C._dispatch_get_all_op_names():
+        if not _wants_direct_kernel(name):
+            continue
+        base, _, overload = name[len("aten::") :].partition(".")
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
+
+        def direct(*args: Any, _op: Any = op, **kwargs: Any) -> Any:
+            return kernel(_op, *args, **kwargs)
+
+        lib.impl(name[len("aten::") :], direct, "PrivateUse1")
+        count += 1
+    _state["direct"] = lib
+    _state["direct_count"] = count
+
+
+def register() -> None:
+    """Called through the torch.backends entry point during `import torch`: stays cheap."""
+    if "hooks" in _state:
+        return
+    torch.utils.rename_privateuse1_backend("neuron")
+    from trnsim.client import device
+
+    torch._register_device_module("neuron", device)
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    _state["hooks"] = _Hooks()
+    _state["guard"] = _Guard()
+    torch._C._acc.register_python_privateuseone_hook(_state["hooks"])
+    torch._C._acc.register_python_privateuseone_device_guard(_state["guard"])
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(_fallback, "PrivateUse1")
+    _state["fallback"] = lib

@@ -1,0 +1,263 @@
+"""torch.neuron: the device module, shaped like torch.cuda."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from trnsim.client import runtime
+from trnsim.simulator import device as sim_device
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return runtime.initialized()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def init() -> None:
+    runtime.get()
+
+
+def device_count() -> int:
+    """One simulated core per process (chosen by LOCAL_RANK / NEURON_RT_VISIBLE_CORES)."""
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: Any) -> None:
+    from trnsim.client.errors import check_device_index
+
+    check_device_index(
+        torch.device(device) if not isinstance(device, int) else torch.device("neuron", device)
+    )
+
+
+def get_device_name(device: Any = None) -> str:
+    rt = runtime.get()
+    return f"simulated {rt.target.name} NeuronCore ({rt.target.generation}) core {rt.core}"
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def synchronize(device: Any = None) -> None:
+    """Waits (in simulated time) until every queue of the core is empty."""
+    runtime.get().synchronize()
+
+
+# -- memory -----------------------------------------------------------------------------------
+def memory_allocated(device: Any = None) -> int:
+    return runtime.get().allocator.allocated_bytes
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return runtime.get().allocator.peak_allocated_bytes
+
+
+def memory_reserved(device: Any = None) -> int:
+    return runtime.get().allocator.reserved_bytes
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return runtime.get().allocator.stats()["peak_reserved_bytes"]
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    s = runtime.get().allocator.stats()
+    return {
+        "allocated_bytes.all.current": s["allocated_bytes"],
+        "allocated_bytes.all.peak": s["peak_allocated_bytes"],
+        "reserved_bytes.all.current": s["reserved_bytes"],
+        "reserved_bytes.all.peak": s["peak_reserved_bytes"],
+        "requested_bytes.all.current": s["requested_bytes"],
+        "inactive_split_bytes.all.current": s["inactive_split_bytes"],
+        "num_alloc_retries": s["num_cache_flushes"],
+        "num_ooms": s["num_ooms"],
+        "allocation.all.allocated": s["num_allocs"],
+        "allocation.all.freed": s["num_frees"],
+        "segment.all.allocated": s["num_segment_allocs"],
+        "segment.all.freed": s["num_segment_frees"],
+        "capacity_bytes": s["capacity_bytes"],
+    }
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    runtime.get().allocator.reset_peak_stats()
+
+
+def empty_cache() -> None:
+    runtime.get().allocator.empty_cache()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    a = runtime.get().allocator
+    return a.capacity - a.reserved_bytes, a.capacity
+
+
+# -- random numbers ---------------------------------------------------------------------------
+def manual_seed(seed: int) -> None:
+    runtime.get().generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    # torch.manual_seed calls this; never call back into torch.manual_seed from here.
+    manual_seed(seed)
+
+
+def seed() -> None:
+    runtime.get().generator.seed()
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    return runtime.get().generator.initial_seed()
+
+
+def get_rng_state(device: Any = None) -> torch.Tensor:
+    return runtime.get().generator.get_state()
+
+
+def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+    runtime.get().generator.set_state(state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states: list[torch.Tensor]) -> None:
+    set_rng_state(states[0])
+
+
+# -- streams and events -----------------------------------------------------------------------
+_stream_ids = itertools.count(1)
+
+
+class Stream:
+    """An in-order queue of the simulated core; work on different streams may overlap."""
+
+    def __init__(self, device: Any = None, priority: int = 0, *, _id: int | None = None) -> None:
+        self.stream_id = next(_stream_ids) if _id is None else _id
+        self.priority = priority
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("neuron", 0)
+
+    def __repr__(self) -> str:
+        return f"<torch.neuron.Stream id={self.stream_id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other.stream_id == self.stream_id
+
+    def __hash__(self) -> int:
+        return hash(("neuron-stream", self.stream_id))
+
+    def synchronize(self) -> None:
+        runtime.get().synchronize(self.stream_id)
+
+    def query(self) -> bool:
+        return runtime.get().timeline.queue_depth(self.stream_id) == 0
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: Event) -> None:
+        runtime.get().timeline.stream_wait_event(event._event, self.stream_id)
+
+    def wait_stream(self, stream: Stream) -> None:
+        self.wait_event(stream.record_event())
+
+
+_default = Stream(_id=0)
+_current: list[Stream] = [_default]
+
+
+def default_stream(device: Any = None) -> Stream:
+    return _default
+
+
+def current_stream(device: Any = None) -> Stream:
+    return _current[-1]
+
+
+def set_stream(stream: Stream) -> None:
+    _current[-1] = stream
+    runtime.get().stream = stream.stream_id
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None) -> Iterator[Stream | None]:
+    """Work issued inside the block goes to stream s (None: no change)."""
+    if s is None:
+        yield s
+        return
+    rt = runtime.get()
+    _current.append(s)
+    previous, rt.stream = rt.stream, s.stream_id
+    try:
+        yield s
+    finally:
+        _current.pop()
+        rt.stream = previous
+
+
+class Event:
+    """A marker on a stream's queue, in simulated time."""
+
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> None:
+        self.enable_timing = enable_timing
+        self._event = sim_device.Event()
+
+    def record(self, stream: Stream | None = None) -> None:
+        s = stream or current_stream()
+        runtime.get().timeline.record_event(self._event, s.stream_id)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        (stream or current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        return runtime.get().timeline.event_query(self._event)
+
+    def synchronize(self) -> None:
+        rt = runtime.get()
+        rt.timeline.event_synchronize(self._event)
+        rt.metrics.counts["sync_waits"] += 1
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds of simulated time between this event and end_event."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Events were not created with enable_timing=True")
+        return sim_device.Timeline.elapsed_ns(self._event, end_event._event) / 1e6
+
+
+# -- counters ---------------------------------------------------------------------------------
+def metrics() -> dict[str, int]:
+    """Counters and simulated times (ns): ops, compiles, cache hits, launches, sync waits,
+    device busy per engine, host time. Reset with reset_metrics()."""
+    return runtime.get().snapshot()
+
+
+def reset_metrics() -> None:
+    runtime.get().metrics.reset()

@@ -1,0 +1,462 @@
+"""Eager dispatch: every ATen op on neuron tensors becomes a one-node graph, compiled once
+per signature (op, shapes, strides, dtypes, constant arguments) and launched on the core.
+
+View ops stay metadata-only (the Meta kernel builds an aliasing tensor on the same
+storage); float arguments are runtime scalars, so a changing learning rate reuses one
+executable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from trnsim.client import memory, runtime
+from trnsim.client.errors import check_device_index, execution_error, user_frame
+from trnsim.compiler.graph import (
+    Alias,
+    ArgValue,
+    DeviceArg,
+    DTypeArg,
+    Graph,
+    LayoutArg,
+    MemoryFormatArg,
+    Node,
+    ScalarInput,
+    TensorType,
+    Value,
+    to_proto,
+)
+from trnsim.protos import graph_pb2
+from trnsim.simulator import dtypes
+from trnsim.simulator.execute import ExecutionError
+
+META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+# set_ and resize_ only edit TensorImpl metadata; the CPU kernels do that for any device
+# (the Meta ones try to grow the storage, which device storages cannot).
+CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+Tensor = torch.Tensor
+_MEMORY_FORMATS = {
+    torch.contiguous_format: graph_pb2.CONTIGUOUS_FORMAT,
+    torch.channels_last: graph_pb2.CHANNELS_LAST,
+    torch.channels_last_3d: graph_pb2.CHANNELS_LAST_3D,
+    torch.preserve_format: graph_pb2.PRESERVE_FORMAT,
+}
+_LAYOUTS = {torch.strided: graph_pb2.STRIDED, torch.sparse_coo: graph_pb2.SPARSE_COO}
+
+
+class UnsupportedArgumentError(NotImplementedError):
+    """Unrecoverable for this call: the op got an argument a graph cannot carry."""
+
+
+# -- per-op facts, computed once ----------------------------------------------------------------
+class OpSpec:
+    __slots__ = ("handler", "name", "op", "positional_names", "returns_tensor", "writes")
+
+    def __init__(self, op: Any) -> None:
+        schema = op._schema
+        self.op = op
+        self.name = f"{schema.name}.{schema.overload_name or 'default'}"
+        self.positional_names = [a.name for a in schema.arguments if not a.kwarg_only]
+        # return index -> name of the argument it writes through (in-place / out=)
+        self.writes: dict[int, str] = {}
+        for j, r in enumerate(schema.returns):
+            if r.alias_info is not None and r.alias_info.is_write:
+                for a in schema.arguments:
+                    if (
+                        a.alias_info is not None
+                        and a.alias_info.before_set == r.alias_info.before_set
+                    ):
+                        self.writes[j] = a.name
+        self.returns_tensor = [str(r.type).startswith("Tensor") for r in schema.returns]
+        self.handler: Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any] = _SPECIAL.get(
+            self.name, _view if _is_view(schema) else run_op
+        )
+
+
+def _is_view(schema: Any) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+_SPECS: dict[Any, OpSpec] = {}
+
+
+def kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """The PrivateUse1 kernel of every ATen op (fallback and direct registrations)."""
+    spec = _SPECS.get(op)
+    if spec is None:
+        spec = _SPECS[op] = OpSpec(op)
+    return spec.handler(spec, args, kwargs)
+
+
+def _view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    rt = runtime.get()
+    rt.metrics.counts["ops_dispatched"] += 1
+    rt.metrics.counts["view_ops"] += 1
+    return spec.op.redispatch(META, *args, **kwargs)
+
+
+# -- signatures ---------------------------------------------------------------------------------
+def _walk(value: Any, key: list[Any], tensors: list[Tensor], scalars: list[Any]) -> None:
+    t = type(value)
+    if t is Tensor or isinstance(value, Tensor):
+        tensors.append(value)
+        key.append((value.shape, value.stride(), value.dtype, value.is_cpu))
+    elif t is float:
+        scalars.append(value)
+        key.append(float)
+    elif t is list or t is tuple:
+        key.append(len(value))
+        for item in value:
+            _walk(item, key, tensors, scalars)
+    else:
+        key.append((t, value))
+
+
+def signature(
+    spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], list[Tensor], list[Any]]:
+    key: list[Any] = [spec.op]
+    tensors: list[Tensor] = []
+    scalars: list[Any] = []
+    for value in args:
+        _walk(value, key, tensors, scalars)
+    if kwargs:
+        for name, value in kwargs.items():
+            key.append(name)
+            _walk(value, key, tensors, scalars)
+    return tuple(key), tensors, scalars
+
+
+# -- the generic path ---------------------------------------------------------------------------
+def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    rt = runtime.get()
+    counts = rt.metrics.counts
+    counts["ops_dispatched"] += 1
+    key, tensors, scalars = signature(spec, args, kwargs)
+    entry = rt.signatures.get(key)
+    if entry is None:
+        counts["cache_misses"] += 1
+        entry = _build(rt, spec, args, kwargs, tensors)
+        rt.signatures[key] = entry
+    else:
+        counts["cache_hits"] += 1
+    return _execute(rt, spec, entry, tensors, scalars)
+
+
+def _execute(
+    rt: runtime.Runtime,
+    spec: OpSpec,
+    entry: runtime.Entry,
+    tensors: list[Tensor],
+    scalars: list[Any],
+) -> Any:
+    for index, shape in entry.write_shapes.items():
+        if tensors[index].shape != shape:
+            tensors[index].resize_(shape)  # out= arguments are resized like on CPU
+    inputs = [t if t.is_cpu else memory.to_host_alias(t) for t in tensors]
+    blocks = []
+    for kind, size in entry.returns:
+        if kind == "fresh":
+            blocks.append(rt.allocate(size))
+        elif kind == "list":
+            blocks.extend(rt.allocate(n) for n in size)
+    try:
+        outs = entry.loaded.run(inputs, scalars, rt.generator)
+    except ExecutionError as e:
+        rt.free_unadopted(blocks)
+        raise execution_error(spec.name, e.cause) from e.cause
+    rt.launch(entry.loaded)
+    if entry.dynamic:
+        rt.synchronize()
+        rt.metrics.counts["dynamic_shape_ops"] += 1
+    results: list[Any] = []
+    next_block = iter(blocks)
+    flat = iter(outs)  # the executable's outputs, lists flattened
+    for kind, size in entry.returns:
+        if kind == "fresh":
+            results.append(_adopt(rt, next(flat), next(next_block), entry.dynamic))
+        elif kind == "list":
+            results.append([_adopt(rt, next(flat), next(next_block), entry.dynamic) for _ in size])
+        elif kind == "write":
+            next(flat)
+            results.append(tensors[size])
+        else:  # a Python value: the host needed the device's answer
+            rt.synchronize()
+            results.append(next(flat))
+    if not results:
+        return None
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def _adopt(rt: runtime.Runtime, out: Tensor, block: Any, dynamic: bool) -> Tensor:
+    if dynamic:  # the size was unknown until now: account for what the op produced
+        rt.free_unadopted([block])
+        block = rt.allocate(out.untyped_storage().nbytes())
+    return rt.adopt(memory.to_device(out), block)
+
+
+# -- building the one-node graph on a signature miss -------------------------------------------
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        if value.is_cpu and value.dim() == 0:
+            return value  # CPU scalars mix with device tensors, as on CUDA
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, torch.device):
+        check_device_index(value)
+        return torch.device("meta") if value.type == "neuron" else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+def _meta_outputs(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    """(output values on meta, dynamic). Dynamic: the output shape depends on the data."""
+    meta_args = [_to_meta(a) for a in args]
+    meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    try:
+        out = spec.op(*meta_args, **meta_kwargs)
+    except NotImplementedError:
+        return None, True
+    except RuntimeError as e:
+        if "data-dependent" in str(e) or "DynamicOutputShape" in type(e).__name__:
+            return None, True
+        raise
+    if not isinstance(out, tuple):
+        out = (out,)
+    return out, False
+
+
+def tensor_type(t: Tensor) -> TensorType:
+    return TensorType(tuple(t.shape), tuple(t.stride()), dtypes.from_name(str(t.dtype)), 0)
+
+
+_DYNAMIC = TensorType((-1,), (1,), graph_pb2.FLOAT32)
+
+
+def _graph_arg(value: Any, inputs: list[TensorType], counter: list[int]) -> ArgValue:
+    if isinstance(value, Tensor):
+        inputs.append(tensor_type(value))
+        return Value(None, len(inputs) - 1)
+    if type(value) is float:
+        counter[0] += 1
+        return ScalarInput(counter[0] - 1)
+    if isinstance(value, (list, tuple)):
+        return tuple(_graph_arg(v, inputs, counter) for v in value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, torch.dtype):
+        return DTypeArg(dtypes.from_name(str(value)))
+    if isinstance(value, torch.device):
+        check_device_index(value)
+        return DeviceArg(value.type)
+    if isinstance(value, torch.memory_format):
+        return MemoryFormatArg(_MEMORY_FORMATS[value])
+    if isinstance(value, torch.layout):
+        return LayoutArg(_LAYOUTS[value])
+    raise UnsupportedArgumentError(
+        f"an argument of type {type(value).__name__} ({value!r}) cannot be passed to a neuron "
+        f"op yet; convert it to a tensor or a Python number"
+    )
+
+
+def _flat_outputs(out: Sequence[Any]) -> Iterator[Tensor]:
+    for o in out:
+        if isinstance(o, Tensor):
+            yield o
+        elif isinstance(o, (list, tuple)):
+            yield from (x for x in o if isinstance(x, Tensor))
+
+
+def _build(
+    rt: runtime.Runtime,
+    spec: OpSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tensors: list[Tensor],
+) -> runtime.Entry:
+    meta_out, dynamic = _meta_outputs(spec, args, kwargs)
+    inputs: list[TensorType] = []
+    counter = [0]
+    named: list[tuple[str, ArgValue]] = []
+    arg_tensor_index: dict[str, int] = {}
+    for i, value in enumerate(args):
+        name = spec.positional_names[i] if i < len(spec.positional_names) else f"arg{i}"
+        if isinstance(value, Tensor):
+            arg_tensor_index[name] = len(inputs)
+        named.append((name, _graph_arg(value, inputs, counter)))
+    for name, value in kwargs.items():
+        if isinstance(value, Tensor):
+            arg_tensor_index[name] = len(inputs)
+        named.append((name, _graph_arg(value, inputs, counter)))
+    arg_position = {name: i for i, (name, _) in enumerate(named)}
+    returns: list[tuple[str, Any]] = []
+    out_types: list[TensorType] = []
+    aliases: list[Alias] = []
+    write_shapes: dict[int, tuple[int, ...]] = {}
+    n_returns = len(spec.returns_tensor)
+    for j in range(n_returns):
+        meta = meta_out[j] if meta_out is not None and j < len(meta_out) else None
+        if j in spec.writes and spec.writes[j] in arg_tensor_index:
+            index = arg_tensor_index[spec.writes[j]]
+            returns.append(("write", index))
+            aliases.append(Alias(len(out_types), arg_position[spec.writes[j]], writes=True))
+            if isinstance(meta, Tensor):
+                write_shapes[index] = tuple(meta.shape)
+            out_types.append(tensor_type(meta) if isinstance(meta, Tensor) else inputs[index])
+        elif isinstance(meta, (list, tuple)):
+            returns.append(("list", [_nbytes(m) for m in meta]))
+            out_types.extend(tensor_type(m) for m in meta)
+        elif isinstance(meta, Tensor):
+            returns.append(("fresh", _nbytes(meta)))
+            out_types.append(tensor_type(meta))
+        elif spec.returns_tensor[j]:
+            returns.append(("fresh", 0))  # data-dependent: sized after the run
+            out_types.append(_DYNAMIC)
+        else:
+            returns.append(("value", None))
+    write_shapes = {i: s for i, s in write_shapes.items() if tuple(tensors[i].shape) != s}
+    node = Node(
+        spec.name if "::" in spec.name else f"aten::{spec.name}",
+        tuple(named),
+        tuple(out_types),
+        tuple(aliases),
+    )
+    graph = Graph(
+        tuple(inputs),
+        (node,),
+        tuple(Value(0, j) for j in range(len(out_types))),
+        num_scalar_inputs=counter[0],
+    )
+    path, line, function = user_frame()
+    debug = graph_pb2.GraphDebug(name=spec.name)
+    debug.node_locations.add(file=path, line=line, function=function)
+    exe = rt.compiler.compile(to_proto(graph), rt.target.name, rt.options, debug)
+    rt.metrics.counts["executables_compiled"] += 1
+    return runtime.Entry(rt.load(exe), returns, dynamic, write_shapes)
+
+
+def _nbytes(t: Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    return span * t.element_size()
+
+
+# -- ops with their own handling ----------------------------------------------------------------
+def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    src, dst = args[0], args[1]
+    non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+    rt = runtime.get()
+    if not src.is_cpu and not dst.is_cpu:
+        return kernel(torch.ops.aten.copy_.default, dst, src, non_blocking)
+    rt.metrics.counts["ops_dispatched"] += 1
+    from trnsim.simulator.execute import transfer
+
+    if dst.is_cpu:  # device -> host: the host needs the device's results
+        rt.device_to_host(src.numel() * src.element_size())
+        transfer(dst, memory.to_host_alias(src))
+    else:  # host -> device
+        rt.host_to_device(src.numel() * src.element_size())
+        transfer(memory.to_host_alias(dst), src, non_blocking)
+    return dst
+
+
+def _local_scalar_dense(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    rt = runtime.get()
+    rt.metrics.counts["ops_dispatched"] += 1
+    rt.device_to_host(args[0].element_size())
+    return memory.to_host_alias(args[0]).item()
+
+
+def empty_device_tensor(
+    shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype | None
+) -> Tensor:
+    rt = runtime.get()
+    dtype = dtype or torch.get_default_dtype()
+    if stride is None:
+        host = torch.empty(shape, dtype=dtype)
+    else:
+        host = torch.empty_strided(shape, stride, dtype=dtype)
+    block = rt.allocate(host.untyped_storage().nbytes())
+    return rt.adopt(memory.to_device(host), block)
+
+
+def _empty(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    rt = runtime.get()
+    rt.metrics.counts["ops_dispatched"] += 1
+    check_device_index(kwargs.get("device"))
+    if kwargs.get("pin_memory"):
+        raise RuntimeError(
+            "pin_memory is not available for neuron tensors (they are not host tensors)"
+        )
+    memory_format = kwargs.get("memory_format")
+    if spec.name == "aten::empty_strided.default":
+        return empty_device_tensor(args[0], args[1], kwargs.get("dtype"))
+    t = empty_device_tensor(args[0], None, kwargs.get("dtype"))
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        host = torch.empty(args[0], dtype=t.dtype, memory_format=memory_format)
+        return empty_device_tensor(host.shape, host.stride(), host.dtype)
+    return t
+
+
+def _whole_storage(t: Tensor, numel: int) -> Tensor:
+    """The tensor's whole storage (numel elements) as a 1-D CPU view."""
+    flat = torch.ops.aten.as_strided.default.redispatch(META, t, (numel,), (1,), 0)
+    return memory.to_host_alias(flat)
+
+
+def _contiguous_strides(size: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for s in reversed(size):
+        strides.append(step)
+        step *= max(s, 1)
+    return strides[::-1]
+
+
+def _resize(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """resize_: metadata only when the storage is big enough, else a new storage that keeps
+    the old contents (device storages cannot grow in place)."""
+    self, size = args[0], list(args[1])
+    runtime.get().metrics.counts["ops_dispatched"] += 1
+    numel = 1
+    for s in size:
+        numel *= s
+    if (self.storage_offset() + numel) * self.element_size() <= self.untyped_storage().nbytes():
+        return spec.op.redispatch(CPU_KERNEL, *args, **kwargs)
+    fresh = empty_device_tensor([self.storage_offset() + numel], None, self.dtype)
+    old_numel = self.untyped_storage().nbytes() // self.element_size()
+    if old_numel:
+        _whole_storage(fresh, old_numel).copy_(_whole_storage(self, old_numel))
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        CPU_KERNEL,
+        self,
+        fresh.untyped_storage(),
+        self.storage_offset(),
+        size,
+        _contiguous_strides(size),
+    )
+    return self
+
+
+def _metadata(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    runtime.get().metrics.counts["ops_dispatched"] += 1
+    return spec.op.redispatch(CPU_KERNEL, *args, **kwargs)
+
+
+def _no_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return None
+
+
+_SPECIAL: dict[str, Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any]] = {
+    "aten::_copy_from.default": _copy_from,
+    "aten::_local_scalar_dense.default": _local_scalar_dense,
+    "aten::empty.memory_format": _empty,
+    "aten::empty_strided.default": _empty,
+    "aten::resize_.default": _resize,
+    "aten::set_.source_Storage_storage_offset": _metadata,
+    "aten::set_.source_Storage": _metadata,
+    "aten::set_.source_Tensor": _metadata,
+    "aten::record_stream.default": _no_op,
+}

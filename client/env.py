@@ -1,0 +1,59 @@
+"""Every environment variable trnsim reads, with its default and meaning (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+NEURON_SIM_TARGET = "NEURON_SIM_TARGET"  # trn1 | trn2 (default trn2): the simulated chip
+NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
+NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issue: daemon)
+NEURON_CACHE_DIR = "NEURON_CACHE_DIR"  # on-disk executable cache (daemon)
+NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
+NEURON_PROFILE = "NEURON_PROFILE"  # trace path (profiler)
+NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
+LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
+
+TARGETS = ("trn1", "trn2")
+
+
+class ConfigError(ValueError):
+    """Unrecoverable: an environment variable has a value trnsim cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    target: str
+    eager_mode: str
+    core: int
+    host_costs: str
+
+
+def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip().lower() or default
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not supported; use one of {', '.join(allowed)}")
+    return value
+
+
+def _core() -> int:
+    """NEURON_RT_VISIBLE_CORES (first core of a range or list) wins over LOCAL_RANK."""
+    visible = os.environ.get(NEURON_RT_VISIBLE_CORES, "").strip()
+    if visible:
+        first = visible.replace("-", ",").split(",")[0]
+        if not first.isdigit():
+            raise ConfigError(f"{NEURON_RT_VISIBLE_CORES}={visible!r}: expected e.g. '3' or '2-3'")
+        return int(first)
+    rank = os.environ.get(LOCAL_RANK, "0").strip() or "0"
+    if not rank.isdigit():
+        raise ConfigError(f"{LOCAL_RANK}={rank!r} is not a number")
+    return int(rank)
+
+
+def read() -> Settings:
+    return Settings(
+        target=_choice(NEURON_SIM_TARGET, "trn2", TARGETS),
+        eager_mode=_choice(NEURON_EAGER, "eager", ("eager", "adaptive")),
+        core=_core(),
+        host_costs=_choice(NEURON_SIM_HOST, "modelled", ("modelled", "measured")),
+    )

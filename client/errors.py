@@ -1,0 +1,56 @@
+"""Errors the neuron device raises, and where in the user's program an op came from."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+_SKIP = (_HERE, _TORCH, "<frozen", os.path.dirname(os.__file__))
+
+
+def user_frame() -> tuple[str, int, str]:
+    """(file, line, function) of the innermost frame outside torch, trnsim and the stdlib."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_SKIP) or "/tests/" in path or "/examples/" in path:
+            return path, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>", 0, ""
+
+
+def user_location() -> str:
+    path, line, _ = user_frame()
+    return f"{path}:{line}"
+
+
+class DeviceIndexError(RuntimeError):
+    """Unrecoverable: each process drives one simulated core, always neuron:0."""
+
+
+def check_device_index(device: object) -> None:
+    index = getattr(device, "index", None)
+    if index not in (None, 0):
+        raise DeviceIndexError(
+            f"{device} is not available: each process drives one simulated NeuronCore, which "
+            f"is neuron:0 in the process. Choose the core with LOCAL_RANK (torchrun) or "
+            f"NEURON_RT_VISIBLE_CORES and use device 'neuron' or 'neuron:0'."
+        )
+
+
+def out_of_memory(e: Exception) -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError(f"neuron: {e}")
+
+
+def execution_error(op: str, cause: BaseException) -> BaseException:
+    """The cause's type when it can carry our message (RuntimeError, IndexError...), naming
+    the op and the user's line that issued it."""
+    message = f"{op} failed on the neuron device (issued at {user_location()}): {cause}"
+    try:
+        return type(cause)(message)
+    except Exception:  # noqa: BLE001  (an exception type with a different constructor)
+        return RuntimeError(message)

@@ -1,0 +1,131 @@
+"""The per-process neuron runtime: one simulated core, its memory, timeline and caches."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from trnsim.client import env
+from trnsim.client.compile_client import CompileClient, make_client
+from trnsim.client.errors import out_of_memory
+from trnsim.client.metrics import Metrics
+from trnsim.protos import executable_pb2
+from trnsim.simulator import cost_model, execute
+from trnsim.simulator.config import Target, get_target
+from trnsim.simulator.device import Timeline
+from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
+
+DEFAULT_SEED = 67280421310721  # PyTorch's default seed for device generators
+
+
+@dataclass
+class Entry:
+    """What the runtime memoises per op signature: the loaded executable and how to turn its
+    CPU results into the op's return value (output metadata included)."""
+
+    loaded: execute.LoadedExecutable
+    returns: list[
+        tuple[str, Any]
+    ]  # ("fresh", nbytes) | ("list", [nbytes]) | ("write", i) | ("value", None)
+    dynamic: bool  # output shape depends on data: a sync point
+    write_shapes: dict[int, tuple[int, ...]]  # tensor index -> shape an out= argument must have
+
+
+class Runtime:
+    def __init__(self, settings: env.Settings) -> None:
+        self.settings = settings
+        self.target: Target = get_target(settings.target)
+        self.core = settings.core
+        self.allocator = HbmAllocator(self.target.hbm_bytes)
+        self.timeline = Timeline(self.target)
+        self.metrics = Metrics()
+        self.compiler: CompileClient = make_client()
+        self.options = executable_pb2.CompileOptions()
+        self.signatures: dict[tuple[Any, ...], Entry] = {}
+        self.executables: dict[str, execute.LoadedExecutable] = {}
+        self.generator = torch.Generator()
+        self.generator.manual_seed(DEFAULT_SEED)
+        self.stream = 0
+        self._blocks: dict[int, tuple[weakref.ref[Any], Block]] = {}
+        self.lock = threading.RLock()
+
+    # -- memory -------------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> Block:
+        try:
+            block = self.allocator.malloc(nbytes)
+        except OutOfMemoryError as e:
+            raise out_of_memory(e) from None
+        self.metrics.counts["allocations"] += 1
+        return block
+
+    def adopt(self, tensor: torch.Tensor, block: Block) -> torch.Tensor:
+        """Frees the block when the tensor's storage dies (views keep it alive)."""
+        ref = weakref.ref(tensor.untyped_storage(), self._release)
+        self._blocks[id(ref)] = (ref, block)
+        return tensor
+
+    def _release(self, ref: weakref.ref[Any]) -> None:
+        entry = self._blocks.pop(id(ref), None)
+        if entry is not None:
+            self.allocator.free(entry[1])
+
+    def free_unadopted(self, blocks: list[Block]) -> None:
+        for b in blocks:
+            if b.allocated:
+                self.allocator.free(b)
+
+    # -- executables --------------------------------------------------------------------------
+    def load(self, exe: executable_pb2.Executable) -> execute.LoadedExecutable:
+        loaded = self.executables.get(exe.cache_key)
+        if loaded is None:
+            loaded = execute.load(exe)
+            self.executables[exe.cache_key] = loaded
+        else:
+            self.metrics.counts["executable_cache_hits"] += 1
+        return loaded
+
+    # -- timeline -----------------------------------------------------------------------------
+    def launch(self, loaded: execute.LoadedExecutable) -> None:
+        self.timeline.host_work(self.target.host_dispatch_op_ns)
+        if loaded.modelled_ns:
+            self.timeline.launch(
+                loaded.modelled_ns, stream=self.stream, name=loaded.key, engine_ns=loaded.engine_ns
+            )
+            self.metrics.counts["launches"] += 1
+
+    def synchronize(self, stream: int | None = None) -> None:
+        self.timeline.synchronize(stream)
+        self.metrics.counts["sync_waits"] += 1
+
+    def host_to_device(self, nbytes: int) -> None:
+        """A host->device copy from pageable memory: the host is busy for the transfer."""
+        self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
+        self.metrics.counts["h2d_bytes"] += nbytes
+
+    def device_to_host(self, nbytes: int) -> None:
+        self.synchronize()
+        self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
+        self.metrics.counts["d2h_bytes"] += nbytes
+
+    def snapshot(self) -> dict[str, int]:
+        return {**self.metrics.counts, **self.timeline.snapshot()}
+
+
+_runtime: Runtime | None = None
+_init_lock = threading.Lock()
+
+
+def get() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        with _init_lock:
+            if _runtime is None:
+                _runtime = Runtime(env.read())
+    return _runtime
+
+
+def initialized() -> bool:
+    return _runtime is not None

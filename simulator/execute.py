@@ -1,0 +1,169 @@
+"""Runs an executable's ATen ops on CPU buffers: the only place trnsim computes numerics.
+
+An Executable is parsed once into a LoadedExecutable (a list of steps with their argument
+builders); running it takes CPU tensors that alias device memory and returns CPU tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from trnsim.protos import executable_pb2, graph_pb2
+from trnsim.simulator import dtypes
+
+_MEMORY_FORMATS = {
+    graph_pb2.CONTIGUOUS_FORMAT: torch.contiguous_format,
+    graph_pb2.CHANNELS_LAST: torch.channels_last,
+    graph_pb2.CHANNELS_LAST_3D: torch.channels_last_3d,
+    graph_pb2.PRESERVE_FORMAT: torch.preserve_format,
+}
+_LAYOUTS = {graph_pb2.STRIDED: torch.strided, graph_pb2.SPARSE_COO: torch.sparse_coo}
+CPU = torch.device("cpu")
+
+
+class ExecutionError(RuntimeError):
+    """An op failed while the executable ran. Unrecoverable for this launch; the message
+    names the op (and the user's source line when the executable carries debug info)."""
+
+    def __init__(self, op: str, node: int, cause: BaseException, where: str = "") -> None:
+        self.op, self.node, self.cause = op, node, cause
+        at = f" (issued at {where})" if where else ""
+        super().__init__(f"{op} failed on the neuron device{at}: {cause}")
+
+
+def torch_dtype(dtype: int) -> torch.dtype:
+    return getattr(torch, dtypes.name(dtype))  # type: ignore[no-any-return]
+
+
+def resolve_op(name: str) -> Any:
+    """ "aten::add.Tensor" -> torch.ops.aten.add.Tensor (an OpOverload)."""
+    namespace, rest = name.split("::", 1)
+    op_name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), op_name)
+    return getattr(packet, overload or "default")
+
+
+Env = dict[tuple[int, int], Any]  # (node or -1 for inputs, index) -> tensor
+Builder = Callable[[Env, Sequence[Any]], Any]
+
+
+def _builder(arg: graph_pb2.Argument) -> Builder:
+    """A function that produces the argument's runtime value from the environment."""
+    kind = arg.WhichOneof("value")
+    if kind == "tensor":
+        ref = arg.tensor
+        if ref.WhichOneof("kind") == "input":
+            key = (-1, ref.input)
+        else:
+            key = (ref.node_output.node, ref.node_output.output)
+        return lambda env, scalars: env[key]
+    if kind == "scalar_input":
+        index = arg.scalar_input
+        return lambda env, scalars: scalars[index]
+    if kind == "list":
+        items = [_builder(a) for a in arg.list.items]
+        return lambda env, scalars: [b(env, scalars) for b in items]
+    constant = _constant(arg, kind)
+    return lambda env, scalars: constant
+
+
+def _constant(arg: graph_pb2.Argument, kind: str | None) -> Any:
+    if kind is None or kind == "none":
+        return None
+    if kind == "dtype":
+        return torch_dtype(arg.dtype)
+    if kind == "memory_format":
+        return _MEMORY_FORMATS[arg.memory_format]
+    if kind == "layout":
+        return _LAYOUTS[arg.layout]
+    if kind == "device":
+        return CPU  # device memory is host memory: factories build on the CPU
+    return getattr(arg, kind)
+
+
+class _Step:
+    """One ATen op of the executable, ready to call."""
+
+    def __init__(self, node_index: int, node: graph_pb2.Node) -> None:
+        self.node = node_index
+        self.name = node.op
+        self.op = resolve_op(node.op)
+        kwarg_only = {a.name for a in self.op._schema.arguments if a.kwarg_only}
+        self.positional: list[Builder] = []
+        self.keywords: list[tuple[str, Builder]] = []
+        for a in node.args:
+            if a.name in kwarg_only:
+                self.keywords.append((a.name, _builder(a)))
+            else:
+                self.positional.append(_builder(a))
+        self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
+        self.n_outputs = len(node.outputs)
+
+    def run(self, env: Env, scalars: Sequence[Any], generator: torch.Generator | None) -> None:
+        args = [b(env, scalars) for b in self.positional]
+        kwargs = {name: b(env, scalars) for name, b in self.keywords}
+        if self.generator_arg and kwargs.get("generator") is None and generator is not None:
+            kwargs["generator"] = generator
+        result = self.op(*args, **kwargs)
+        if isinstance(result, (tuple, list)):
+            for j, r in enumerate(result):
+                env[(self.node, j)] = r
+        else:
+            env[(self.node, 0)] = result
+
+
+class LoadedExecutable:
+    """An executable parsed for running: its ATen steps in dependency order."""
+
+    def __init__(self, exe: executable_pb2.Executable) -> None:
+        self.executable = exe
+        self.key = exe.cache_key
+        self.modelled_ns = exe.modelled_ns
+        steps: dict[int, _Step] = {}
+        for ins in sorted(exe.instructions, key=lambda i: i.id):
+            for node_index, node in zip(ins.nodes, ins.ops, strict=True):
+                steps[node_index] = _Step(node_index, node)
+        self.steps = [steps[i] for i in sorted(steps)]  # program order is a topological order
+        self.outputs = [
+            (-1, r.input)
+            if r.WhichOneof("kind") == "input"
+            else (r.node_output.node, r.node_output.output)
+            for r in exe.graph.outputs
+        ]
+        self.engine_ns = {
+            executable_pb2.Engine.Name(p.engine).lower(): p.busy_ns
+            for p in exe.engines
+            if p.engine != executable_pb2.NONE
+        }
+        self.locations = list(exe.debug.graph.node_locations)
+
+    def run(
+        self,
+        inputs: Sequence[Any],
+        scalars: Sequence[Any] = (),
+        generator: torch.Generator | None = None,
+    ) -> list[Any]:
+        env: Env = {(-1, i): t for i, t in enumerate(inputs)}
+        for step in self.steps:
+            try:
+                step.run(env, scalars, generator)
+            except Exception as e:
+                raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
+        return [env[key] for key in self.outputs]
+
+    def _where(self, node: int) -> str:
+        if node < len(self.locations) and self.locations[node].file:
+            loc = self.locations[node]
+            return f"{loc.file}:{loc.line}"
+        return ""
+
+
+def load(exe: executable_pb2.Executable) -> LoadedExecutable:
+    return LoadedExecutable(exe)
+
+
+def transfer(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """Host <-> device data movement: dst and src are CPU tensors (device memory is aliased)."""
+    return dst.copy_(src, non_blocking=non_blocking)
