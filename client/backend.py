@@ -68,6 +68,30 @@ def _register_direct_kernels() -> None:
     _state["direct_count"] = count
 
 
+def _tag(obj: Any) -> str | None:
+    return (
+        "neuron"
+        if getattr(obj, "device", None) is not None and obj.device.type == "neuron"
+        else None
+    )
+
+
+def _restore(obj: Any, location: str) -> Any:
+    """torch.load: storages saved from neuron (or map_location="neuron") come back on it."""
+    if not location.startswith("neuron"):
+        return None
+    from trnsim.client.dispatch import empty_device_tensor
+    from trnsim.client.memory import to_host_alias
+
+    if obj.device.type == "neuron":
+        return obj
+    nbytes = obj.nbytes()
+    t = empty_device_tensor([nbytes], None, torch.uint8)
+    if nbytes:
+        to_host_alias(t).copy_(torch.empty(0, dtype=torch.uint8).set_(obj))
+    return t.untyped_storage()
+
+
 def register() -> None:
     """Called through the torch.backends entry point during `import torch`: stays cheap."""
     if "hooks" in _state:
@@ -84,3 +108,4 @@ def register() -> None:
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
     _state["fallback"] = lib
+    torch.serialization.register_package(11, _tag, _restore)

@@ -45,6 +45,19 @@ def set_device(device: Any) -> None:
     )
 
 
+class device:
+    """Context manager selecting the device: only neuron:0 exists in a process."""
+
+    def __init__(self, device: Any) -> None:
+        set_device(device)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def get_device_name(device: Any = None) -> str:
     rt = runtime.get()
     return f"simulated {rt.target.name} NeuronCore ({rt.target.generation}) core {rt.core}"

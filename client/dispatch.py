@@ -219,10 +219,10 @@ def _meta_outputs(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         out = spec.op(*meta_args, **meta_kwargs)
     except NotImplementedError:
         return None, True
-    except RuntimeError as e:
+    except Exception as e:
         if "data-dependent" in str(e) or "DynamicOutputShape" in type(e).__name__:
             return None, True
-        raise
+        raise execution_error(spec.name, e) from e  # bad arguments: say which op and where
     if not isinstance(out, tuple):
         out = (out,)
     return out, False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ def main() -> None:
     print(f"largest relative loss difference: {worst:.2e}")
     if neuron:
         m = torch.neuron.metrics()
-        per_step = [b - a for a, b in zip(step_times, step_times[1:], strict=False)]
+        per_step = [b - a for a, b in itertools.pairwise(step_times)]
         print(
             f"executables compiled: {m['executables_compiled']} "
             f"(cache hits {m['cache_hits']}, misses {m['cache_misses']}, launches {m['launches']})"
