@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from trnsim.client import memory, runtime
 from trnsim.client.errors import check_device_index, execution_error, user_frame
+from trnsim.client.memory import to_device
 from trnsim.compiler.graph import (
     Alias,
     ArgValue,
@@ -142,6 +143,18 @@ def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         rt.signatures[key] = entry
     else:
         counts["cache_hits"] += 1
+    nbytes = entry.one_fresh_output
+    if nbytes is not None:  # the hot path: one new tensor out
+        host = rt.host_alias
+        inputs = [t if t.is_cpu else host(t) for t in tensors]
+        block = rt.allocate(nbytes)
+        try:
+            out = entry.loaded.run(inputs, scalars, rt.generator)[0]
+        except ExecutionError as e:
+            rt.allocator.free(block)
+            raise execution_error(spec.name, e.cause) from e.cause
+        rt.launch(entry.loaded)
+        return rt.adopt(to_device(out), block, out)
     return _execute(rt, spec, entry, tensors, scalars)
 
 
@@ -155,7 +168,7 @@ def _execute(
     for index, shape in entry.write_shapes.items():
         if tensors[index].shape != shape:
             tensors[index].resize_(shape)  # out= arguments are resized like on CPU
-    inputs = [t if t.is_cpu else memory.to_host_alias(t) for t in tensors]
+    inputs = [t if t.is_cpu else rt.host_alias(t) for t in tensors]
     blocks = []
     for kind, size in entry.returns:
         if kind == "fresh":
@@ -194,7 +207,7 @@ def _adopt(rt: runtime.Runtime, out: Tensor, block: Any, dynamic: bool) -> Tenso
     if dynamic:  # the size was unknown until now: account for what the op produced
         rt.free_unadopted([block])
         block = rt.allocate(out.untyped_storage().nbytes())
-    return rt.adopt(memory.to_device(out), block)
+    return rt.adopt(to_device(out), block, out)
 
 
 # -- building the one-node graph on a signature miss -------------------------------------------
@@ -380,7 +393,7 @@ def empty_device_tensor(
     else:
         host = torch.empty_strided(shape, stride, dtype=dtype)
     block = rt.allocate(host.untyped_storage().nbytes())
-    return rt.adopt(memory.to_device(host), block)
+    return rt.adopt(to_device(host), block, host)
 
 
 def _empty(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -449,6 +462,16 @@ def _no_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return None
 
 
+def _inplace_view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """t_, transpose_, squeeze_...: change the tensor's own sizes and strides, no data."""
+    runtime.get().metrics.counts["ops_dispatched"] += 1
+    runtime.get().metrics.counts["view_ops"] += 1
+    return spec.op.redispatch(META, *args, **kwargs)
+
+
+_INPLACE_VIEWS = "t_ transpose_ squeeze_ unsqueeze_ as_strided_ swapdims_ swapaxes_ detach_"
+
+
 _SPECIAL: dict[str, Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any]] = {
     "aten::_copy_from.default": _copy_from,
     "aten::_local_scalar_dense.default": _local_scalar_dense,
@@ -460,3 +483,7 @@ _SPECIAL: dict[str, Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any]] = 
     "aten::set_.source_Tensor": _metadata,
     "aten::record_stream.default": _no_op,
 }
+for _name in _INPLACE_VIEWS.split():
+    _packet = getattr(torch.ops.aten, _name)
+    for _overload in _packet.overloads():
+        _SPECIAL[f"aten::{_name}.{_overload}"] = _inplace_view

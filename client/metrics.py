@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 COUNTERS = (
     "ops_dispatched",  # ops that reached the backend (views included)
     "view_ops",  # metadata-only ops (no executable, no launch)
@@ -22,7 +20,7 @@ COUNTERS = (
 
 class Metrics:
     def __init__(self) -> None:
-        self.counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
+        self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
     def reset(self) -> None:
         for name in self.counts:

@@ -11,6 +11,7 @@ import torch
 from trnsim.client import env
 from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.errors import out_of_memory
+from trnsim.client.memory import to_host_alias
 from trnsim.client.metrics import Metrics
 from trnsim.protos import executable_pb2
 from trnsim.simulator import cost_model, execute
@@ -33,6 +34,13 @@ class Entry:
     dynamic: bool  # output shape depends on data: a sync point
     write_shapes: dict[int, tuple[int, ...]]  # tensor index -> shape an out= argument must have
 
+    @property
+    def one_fresh_output(self) -> int | None:
+        """nbytes when the op returns one new tensor of known size (the hot case), else None."""
+        if len(self.returns) == 1 and self.returns[0][0] == "fresh" and not self.dynamic:
+            return int(self.returns[0][1])
+        return None
+
 
 class Runtime:
     def __init__(self, settings: env.Settings) -> None:
@@ -49,7 +57,11 @@ class Runtime:
         self.generator = torch.Generator()
         self.generator.manual_seed(DEFAULT_SEED)
         self.stream = 0
-        self._blocks: dict[int, tuple[weakref.ref[Any], Block]] = {}
+        self.dispatch_ns = self.target.host_dispatch_op_ns
+        self._blocks: dict[int, tuple[weakref.ref[Any], Block, int]] = {}
+        # data_ptr of each live device storage -> the CPU tensor it was made from (same
+        # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
+        self.hosts: dict[int, torch.Tensor] = {}
         self.lock = threading.RLock()
 
     # -- memory -------------------------------------------------------------------------------
@@ -61,16 +73,30 @@ class Runtime:
         self.metrics.counts["allocations"] += 1
         return block
 
-    def adopt(self, tensor: torch.Tensor, block: Block) -> torch.Tensor:
-        """Frees the block when the tensor's storage dies (views keep it alive)."""
+    def adopt(self, tensor: torch.Tensor, block: Block, host: torch.Tensor) -> torch.Tensor:
+        """Frees the block when the tensor's storage dies (views keep it alive); remembers
+        the CPU tensor whose memory it is until then."""
         ref = weakref.ref(tensor.untyped_storage(), self._release)
-        self._blocks[id(ref)] = (ref, block)
+        ptr = tensor.data_ptr() if block.requested else 0
+        if ptr:
+            self.hosts[ptr] = host
+        self._blocks[id(ref)] = (ref, block, ptr)
         return tensor
 
     def _release(self, ref: weakref.ref[Any]) -> None:
         entry = self._blocks.pop(id(ref), None)
         if entry is not None:
             self.allocator.free(entry[1])
+            if entry[2]:
+                self.hosts.pop(entry[2], None)
+
+    def host_alias(self, t: torch.Tensor) -> torch.Tensor:
+        """A CPU tensor over a neuron tensor's memory: the allocation's own CPU tensor when
+        t is the whole allocation (parameters, op outputs), else a DLPack alias (views)."""
+        h = self.hosts.get(t.data_ptr())
+        if h is not None and h.shape == t.shape and h.stride() == t.stride() and h.dtype == t.dtype:
+            return h
+        return to_host_alias(t)
 
     def free_unadopted(self, blocks: list[Block]) -> None:
         for b in blocks:
@@ -89,7 +115,9 @@ class Runtime:
 
     # -- timeline -----------------------------------------------------------------------------
     def launch(self, loaded: execute.LoadedExecutable) -> None:
-        self.timeline.host_work(self.target.host_dispatch_op_ns)
+        timeline = self.timeline
+        timeline.host_ns += self.dispatch_ns
+        timeline.host_busy_ns += self.dispatch_ns
         if loaded.modelled_ns:
             self.timeline.launch(
                 loaded.modelled_ns, stream=self.stream, name=loaded.key, engine_ns=loaded.engine_ns

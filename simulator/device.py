@@ -7,17 +7,16 @@ the host to the end of the work it waits for. Everything here is deterministic.
 
 from __future__ import annotations
 
-import bisect
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from trnsim.simulator.config import Target
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """One piece of work on a queue: an executable, a transfer or a collective."""
 
     stream: int
@@ -25,7 +24,6 @@ class Launch:
     host_ns: int  # host time when it was submitted
     start_ns: int
     end_ns: int
-    engine_ns: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -41,7 +39,9 @@ class Event:
 @dataclass
 class _Queue:
     end_ns: int = 0
-    ends: list[int] = field(default_factory=list)  # end times of launches, non-decreasing
+    # End times of launches not known to be finished (non-decreasing); entries at or before
+    # the host time are dropped as the host moves on, so the deque stays short.
+    ends: deque[int] = field(default_factory=deque)
     busy_ns: int = 0
 
 
@@ -82,12 +82,18 @@ class Timeline:
         start = max(self.host_ns, queue.end_ns)
         end = start + overhead + duration_ns
         queue.end_ns = end
-        queue.ends.append(end)
+        ends = queue.ends
+        ends.append(end)
+        host = self.host_ns
+        while ends[0] <= host:
+            ends.popleft()
         queue.busy_ns += end - start
         self.launches += 1
-        for engine, ns in (engine_ns or {}).items():
-            self.engine_busy_ns[engine] += ns
-        return Launch(stream, name, self.host_ns, start, end, dict(engine_ns or {}))
+        if engine_ns:
+            busy = self.engine_busy_ns
+            for engine, ns in engine_ns.items():
+                busy[engine] += ns
+        return Launch(stream, name, self.host_ns, start, end)
 
     def queue_depth(self, stream: int | None = None) -> int:
         """Launches submitted and not yet finished at the current host time."""
@@ -95,7 +101,10 @@ class Timeline:
         return sum(self._pending(self._queues[s]) for s in streams if s in self._queues)
 
     def _pending(self, queue: _Queue) -> int:
-        return len(queue.ends) - bisect.bisect_right(queue.ends, self.host_ns)
+        ends = queue.ends
+        while ends and ends[0] <= self.host_ns:
+            ends.popleft()
+        return len(ends)
 
     def stream_end_ns(self, stream: int = 0) -> int:
         return self._queues[stream].end_ns if stream in self._queues else 0

@@ -45,8 +45,8 @@ def resolve_op(name: str) -> Any:
     return getattr(packet, overload or "default")
 
 
-Env = dict[tuple[int, int], Any]  # (node or -1 for inputs, index) -> tensor
-Builder = Callable[[Env, Sequence[Any]], Any]
+Env = dict[tuple[int, int], Any]  # (node, output index) -> value
+Builder = Callable[[Sequence[Any], Env, Sequence[Any]], Any]  # (inputs, env, scalars) -> value
 
 
 def _builder(arg: graph_pb2.Argument) -> Builder:
@@ -55,18 +55,18 @@ def _builder(arg: graph_pb2.Argument) -> Builder:
     if kind == "tensor":
         ref = arg.tensor
         if ref.WhichOneof("kind") == "input":
-            key = (-1, ref.input)
-        else:
-            key = (ref.node_output.node, ref.node_output.output)
-        return lambda env, scalars: env[key]
+            i = ref.input
+            return lambda inputs, env, scalars: inputs[i]
+        key = (ref.node_output.node, ref.node_output.output)
+        return lambda inputs, env, scalars: env[key]
     if kind == "scalar_input":
         index = arg.scalar_input
-        return lambda env, scalars: scalars[index]
+        return lambda inputs, env, scalars: scalars[index]
     if kind == "list":
         items = [_builder(a) for a in arg.list.items]
-        return lambda env, scalars: [b(env, scalars) for b in items]
+        return lambda inputs, env, scalars: [b(inputs, env, scalars) for b in items]
     constant = _constant(arg, kind)
-    return lambda env, scalars: constant
+    return lambda inputs, env, scalars: constant
 
 
 def _constant(arg: graph_pb2.Argument, kind: str | None) -> Any:
@@ -100,13 +100,38 @@ class _Step:
                 self.positional.append(_builder(a))
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
         self.n_outputs = len(node.outputs)
+        # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
+        self.inputs_only = (
+            not self.keywords
+            and not self.generator_arg
+            and [a.WhichOneof("value") for a in node.args] == ["tensor"] * len(node.args)
+            and [a.tensor.WhichOneof("kind") for a in node.args] == ["input"] * len(node.args)
+            and [a.tensor.input for a in node.args] == list(range(len(node.args)))
+        )
 
-    def run(self, env: Env, scalars: Sequence[Any], generator: torch.Generator | None) -> None:
-        args = [b(env, scalars) for b in self.positional]
-        kwargs = {name: b(env, scalars) for name, b in self.keywords}
-        if self.generator_arg and kwargs.get("generator") is None and generator is not None:
-            kwargs["generator"] = generator
-        result = self.op(*args, **kwargs)
+    def call(
+        self,
+        inputs: Sequence[Any],
+        env: Env,
+        scalars: Sequence[Any],
+        generator: torch.Generator | None,
+    ) -> Any:
+        args = [b(inputs, env, scalars) for b in self.positional]
+        if self.keywords or self.generator_arg:
+            kwargs = {name: b(inputs, env, scalars) for name, b in self.keywords}
+            if self.generator_arg and kwargs.get("generator") is None and generator is not None:
+                kwargs["generator"] = generator
+            return self.op(*args, **kwargs)
+        return self.op(*args)
+
+    def run(
+        self,
+        inputs: Sequence[Any],
+        env: Env,
+        scalars: Sequence[Any],
+        generator: torch.Generator | None,
+    ) -> None:
+        result = self.call(inputs, env, scalars, generator)
         if isinstance(result, (tuple, list)):
             for j, r in enumerate(result):
                 env[(self.node, j)] = r
@@ -138,6 +163,11 @@ class LoadedExecutable:
             if p.engine != executable_pb2.NONE
         }
         self.locations = list(exe.debug.graph.node_locations)
+        # One op whose outputs are the graph's outputs in order (every eager executable):
+        # its result is returned as the op returns it, without an environment.
+        self.single = len(self.steps) == 1 and self.outputs == [
+            (self.steps[0].node, j) for j in range(len(self.outputs))
+        ]
 
     def run(
         self,
@@ -145,19 +175,44 @@ class LoadedExecutable:
         scalars: Sequence[Any] = (),
         generator: torch.Generator | None = None,
     ) -> list[Any]:
-        env: Env = {(-1, i): t for i, t in enumerate(inputs)}
-        for step in self.steps:
+        env: Env = {}
+        if self.single:
+            step = self.steps[0]
             try:
-                step.run(env, scalars, generator)
+                if step.inputs_only and len(inputs) == len(step.positional):
+                    result = step.op(*inputs)
+                else:
+                    result = step.call(inputs, env, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
-        return [env[key] for key in self.outputs]
+            return _flatten(result)
+        for step in self.steps:
+            try:
+                step.run(inputs, env, scalars, generator)
+            except Exception as e:
+                raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
+        return [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
 
     def _where(self, node: int) -> str:
         if node < len(self.locations) and self.locations[node].file:
             loc = self.locations[node]
             return f"{loc.file}:{loc.line}"
         return ""
+
+
+def _flatten(result: Any) -> list[Any]:
+    """An op's return value as the graph's flat output list (lists of tensors expanded)."""
+    if isinstance(result, tuple):
+        out: list[Any] = []
+        for r in result:
+            if isinstance(r, list):
+                out.extend(r)
+            else:
+                out.append(r)
+        return out
+    if isinstance(result, list):
+        return result
+    return [result]
 
 
 def load(exe: executable_pb2.Executable) -> LoadedExecutable:

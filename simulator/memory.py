@@ -118,6 +118,10 @@ class HbmAllocator:
         self._space = _AddressSpace(capacity)
         self._pools: dict[bool, list[tuple[int, int, Block]]] = {True: [], False: []}
         self._segments: list[Segment] = []
+        # Freed blocks parked by exact size: the next request of that size takes one back in
+        # O(1) (the common case in a training loop). Any other request first returns them
+        # to the pools, where they coalesce as usual.
+        self._parked: dict[int, list[Block]] = {}
         self._counters = {
             "allocated_bytes": 0,
             "requested_bytes": 0,
@@ -137,6 +141,15 @@ class HbmAllocator:
         if size < 0:
             raise ValueError(f"cannot allocate a negative size ({size} bytes)")
         rounded = round_size(size)
+        parked = self._parked.get(rounded)
+        if parked:
+            block = parked.pop()
+            block.allocated = True
+            block.requested = size
+            block.segment.blocks_in_use += 1
+            self._count_alloc(block)
+            return block
+        self._unpark()
         small = rounded <= SMALL_REQUEST
         block = self._take_cached(small, rounded)
         if block is None:
@@ -165,10 +178,23 @@ class HbmAllocator:
         c["requested_bytes"] -= block.requested
         c["num_frees"] += 1
         block.requested = 0
-        self._cache(self._coalesce(block))
+        self._parked.setdefault(block.size, []).append(block)
+
+    def _unpark(self) -> None:
+        if not self._parked:
+            return
+        parked = [b for blocks in self._parked.values() for b in blocks]
+        self._parked.clear()
+        for block in parked:
+            self._cache(block)
+        for block in parked:
+            if self._in_pool(block):  # else an earlier one already merged it
+                self._uncache(block)
+                self._cache(self._coalesce(block))
 
     def empty_cache(self) -> None:
         """Releases every cached segment that holds no allocated block."""
+        self._unpark()
         for segment in [s for s in self._segments if s.blocks_in_use == 0]:
             for pool in self._pools.values():
                 pool[:] = [e for e in pool if e[2].segment is not segment]
@@ -195,6 +221,7 @@ class HbmAllocator:
 
     def stats(self) -> dict[str, int]:
         """Counters plus fragmentation: cached bytes, and bytes cached in split segments."""
+        self._unpark()
         cached = sum(e[2].size for pool in self._pools.values() for e in pool)
         inactive_split = sum(
             e[2].size for pool in self._pools.values() for e in pool if e[2].segment.blocks_in_use
@@ -247,25 +274,31 @@ class HbmAllocator:
         self._cache(rest)
 
     def _coalesce(self, block: Block) -> Block:
-        for neighbour in (block.prev, block.next):
-            if neighbour is None or neighbour.allocated:
-                continue
-            self._uncache(neighbour)
-            if neighbour is block.prev:
-                neighbour.size += block.size
-                neighbour.next = block.next
-                if block.next is not None:
-                    block.next.prev = neighbour
-                block = neighbour
-            else:
-                block.size += neighbour.size
-                block.next = neighbour.next
-                if neighbour.next is not None:
-                    neighbour.next.prev = block
+        """Merges the block with every free cached neighbour on both sides."""
+        while block.prev is not None and not block.prev.allocated and self._in_pool(block.prev):
+            prev = block.prev
+            self._uncache(prev)
+            prev.size += block.size
+            prev.next = block.next
+            if block.next is not None:
+                block.next.prev = prev
+            block = prev
+        while block.next is not None and not block.next.allocated and self._in_pool(block.next):
+            nxt = block.next
+            self._uncache(nxt)
+            block.size += nxt.size
+            block.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = block
         return block
 
     def _cache(self, block: Block) -> None:
         bisect.insort(self._pools[block.segment.small], (block.size, block.offset, block))
+
+    def _in_pool(self, block: Block) -> bool:
+        pool = self._pools[block.segment.small]
+        i = bisect.bisect_left(pool, (block.size, block.offset))
+        return i < len(pool) and pool[i][2] is block
 
     def _uncache(self, block: Block) -> None:
         pool = self._pools[block.segment.small]
