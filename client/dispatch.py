@@ -121,8 +121,12 @@ def signature(
     key: list[Any] = [spec.op]
     tensors: list[Tensor] = []
     scalars: list[Any] = []
-    for value in args:
-        _walk(value, key, tensors, scalars)
+    for value in args:  # the common cases inline (this runs for every op)
+        if isinstance(value, Tensor):
+            tensors.append(value)
+            key.append((value.shape, value.stride(), value.dtype, value.is_cpu))
+        else:
+            _walk(value, key, tensors, scalars)
     if kwargs:
         for name, value in kwargs.items():
             key.append(name)

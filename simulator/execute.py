@@ -99,6 +99,7 @@ class _Step:
             else:
                 self.positional.append(_builder(a))
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
+        self.call_op = self.op._op  # the C++ callable behind the OpOverload (skips a frame)
         self.n_outputs = len(node.outputs)
         # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
         self.inputs_only = (
@@ -180,7 +181,7 @@ class LoadedExecutable:
             step = self.steps[0]
             try:
                 if step.inputs_only and len(inputs) == len(step.positional):
-                    result = step.op(*inputs)
+                    result = step.call_op(*inputs)
                 else:
                     result = step.call(inputs, env, scalars, generator)
             except Exception as e:
