@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := protos simulator compiler client
 
-.PHONY: setup test test-slow lint protos explain demo clean
+.PHONY: setup test test-slow lint protos explain demo bench conformance clean
 
 setup: $(STAMP)
 
@@ -36,7 +36,16 @@ protos: setup
 explain: setup
 	$(PY) -m trnsim.compiler --explain examples/graphs/mlp.json
 
-demo: explain
+# The main demo: a small GPT trained on the simulated chip next to the same on CPU.
+demo: setup
+	$(PY) examples/train_gpt.py --steps 20
+
+bench: setup
+	$(PY) benchmarks/dispatch.py
+
+# All of PyTorch's OpInfo float32 samples on neuron vs CPU (about half an hour).
+conformance: setup
+	$(PY) tests/conformance.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info protos/*_pb2*.py protos/*_pb2*.pyi

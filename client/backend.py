@@ -43,7 +43,9 @@ def _wants_direct_kernel(name: str) -> bool:
     if has(name, "CompositeExplicitAutogradNonFunctional"):
         return True
     if has(name, "CompositeExplicitAutograd"):
-        return has(name, "CPU") or name.startswith("aten::_foreach_")
+        # convolution: without it the backend gets convolution_overrideable, which only
+        # C++ backends implement; the CPU runs its own convolution kernels beneath.
+        return has(name, "CPU") or name.startswith(("aten::_foreach_", "aten::convolution"))
     return False
 
 
@@ -108,4 +110,13 @@ def register() -> None:
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
     _state["fallback"] = lib
+    # Like copy_, _copy_from takes conjugate/negative views as they are (the host alias
+    # keeps the bit); materialising them first would call _copy_from again, forever.
+    bits = torch.library.Library("aten", "IMPL")
+    for key in ("Conjugate", "Negative"):
+        bits.impl("_copy_from", torch.library.fallthrough_kernel, key)
+    _state["bits"] = bits
     torch.serialization.register_package(11, _tag, _restore)
+    from trnsim.client import autocast
+
+    _state["autocast"] = autocast.register()

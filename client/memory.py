@@ -35,7 +35,12 @@ def to_device(cpu: torch.Tensor) -> torch.Tensor:
 
 
 def to_host_alias(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor aliasing a neuron tensor's memory (no copy, no sync)."""
+    """A CPU tensor aliasing a neuron tensor's memory (no copy, no sync). DLPack has no
+    conjugate or negative bit: such views are aliased plain and the bit set again."""
+    if t.is_conj():
+        return to_host_alias(t.conj()).conj()
+    if t.is_neg():
+        return to_host_alias(t._neg_view())._neg_view()
     capsule = _to_dlpack(t)
     _memset(_get_pointer(capsule, _NAME) + _DEVICE_TYPE_OFFSET, _KDL_CPU, 1)
     return _from_dlpack(capsule)

@@ -13,7 +13,9 @@ from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.errors import out_of_memory
 from trnsim.client.memory import to_host_alias
 from trnsim.client.metrics import Metrics
-from trnsim.protos import executable_pb2
+from trnsim.compiler import cache_key
+from trnsim.compiler.graph import Graph, to_proto
+from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import cost_model, execute
 from trnsim.simulator.config import Target, get_target
 from trnsim.simulator.device import Timeline
@@ -94,7 +96,14 @@ class Runtime:
         """A CPU tensor over a neuron tensor's memory: the allocation's own CPU tensor when
         t is the whole allocation (parameters, op outputs), else a DLPack alias (views)."""
         h = self.hosts.get(t.data_ptr())
-        if h is not None and h.shape == t.shape and h.stride() == t.stride() and h.dtype == t.dtype:
+        if (
+            h is not None
+            and h.shape == t.shape
+            and h.stride() == t.stride()
+            and h.dtype == t.dtype
+            and not t.is_conj()
+            and not t.is_neg()
+        ):
             return h
         return to_host_alias(t)
 
@@ -104,13 +113,16 @@ class Runtime:
                 self.allocator.free(b)
 
     # -- executables --------------------------------------------------------------------------
-    def load(self, exe: executable_pb2.Executable) -> execute.LoadedExecutable:
-        loaded = self.executables.get(exe.cache_key)
-        if loaded is None:
-            loaded = execute.load(exe)
-            self.executables[exe.cache_key] = loaded
-        else:
+    def executable_for(self, graph: Graph, debug: graph_pb2.GraphDebug) -> execute.LoadedExecutable:
+        """The loaded executable of a graph: from the in-process cache by key, else compiled."""
+        key = cache_key(graph, self.target, self.options).digest
+        loaded = self.executables.get(key)
+        if loaded is not None:
             self.metrics.counts["executable_cache_hits"] += 1
+            return loaded
+        exe = self.compiler.compile(to_proto(graph), self.target.name, self.options, debug)
+        self.metrics.counts["executables_compiled"] += 1
+        loaded = self.executables[key] = execute.load(exe)
         return loaded
 
     # -- timeline -----------------------------------------------------------------------------

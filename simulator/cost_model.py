@@ -62,6 +62,8 @@ def matmul(target: Target, m: int, k: int, n: int, low_precision: bool, batch: i
 
     Per instruction: max(min(64, n_stationary), n_moving) cycles, x4 for FP32.
     """
+    if min(m, k, n, batch) <= 0:
+        return Cost.zero("tensor")
     k_tiles = -(-k // target.pe_rows)
     m_tiles = -(-m // target.pe_cols)
     n_full, n_rest = divmod(n, target.moving_free_max)

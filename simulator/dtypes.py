@@ -22,6 +22,10 @@ _TABLE: dict[int, tuple[str, int]] = {
     graph_pb2.COMPLEX128: ("complex128", 16),
     graph_pb2.FLOAT8_E4M3FN: ("float8_e4m3fn", 1),
     graph_pb2.FLOAT8_E5M2: ("float8_e5m2", 1),
+    graph_pb2.COMPLEX32: ("complex32", 4),
+    graph_pb2.UINT16: ("uint16", 2),
+    graph_pb2.UINT32: ("uint32", 4),
+    graph_pb2.UINT64: ("uint64", 8),
 }
 _BY_NAME = {name: value for value, (name, _) in _TABLE.items()}
 _LOW_PRECISION = {

@@ -83,6 +83,28 @@ def _constant(arg: graph_pb2.Argument, kind: str | None) -> Any:
     return getattr(arg, kind)
 
 
+def _first_tensor_builder(node: graph_pb2.Node) -> Builder | None:
+    for a in node.args:
+        if a.WhichOneof("value") == "tensor":
+            return _builder(a)
+    return None
+
+
+def _wrapped_number(b: Builder, like: Builder | None) -> Builder:
+    """A Python number passed where the schema takes a Tensor (PyTorch wraps it): a 0-dim
+    tensor of the dtype type promotion gives the number next to the op's first tensor."""
+
+    def build(inputs: Sequence[Any], env: Env, scalars: Sequence[Any]) -> Any:
+        value = b(inputs, env, scalars)
+        if isinstance(value, torch.Tensor) or value is None:
+            return value
+        other = like(inputs, env, scalars) if like is not None else None
+        dtype = torch.result_type(other, value) if other is not None else None
+        return torch.tensor(value, dtype=dtype)
+
+    return build
+
+
 class _Step:
     """One ATen op of the executable, ready to call."""
 
@@ -90,14 +112,23 @@ class _Step:
         self.node = node_index
         self.name = node.op
         self.op = resolve_op(node.op)
-        kwarg_only = {a.name for a in self.op._schema.arguments if a.kwarg_only}
+        schema_args = {a.name: a for a in self.op._schema.arguments}
         self.positional: list[Builder] = []
         self.keywords: list[tuple[str, Builder]] = []
+        first_tensor = _first_tensor_builder(node)
         for a in node.args:
-            if a.name in kwarg_only:
-                self.keywords.append((a.name, _builder(a)))
+            b = _builder(a)
+            declared = schema_args.get(a.name)
+            if (
+                declared is not None
+                and str(declared.type) == "Tensor"
+                and a.WhichOneof("value") != "tensor"
+            ):
+                b = _wrapped_number(b, first_tensor)
+            if declared is not None and declared.kwarg_only:
+                self.keywords.append((a.name, b))
             else:
-                self.positional.append(_builder(a))
+                self.positional.append(b)
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
         self.call_op = self.op._op  # the C++ callable behind the OpOverload (skips a frame)
         self.n_outputs = len(node.outputs)

@@ -1,0 +1,251 @@
+"""PyTorch's own OpInfo database, float32 forward samples, on neuron vs CPU.
+
+    python tests/conformance.py [--ops add,mm,...] [--timeout 60]
+
+Prints one line per failing op with the reason, then `N passed, M failed`. An op passes
+when every float32 sample gives the CPU's result (values, dtype, shape). Ops listed in
+NOT_COMPARABLE run but are compared on shape and dtype only, with the reason printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+# Random ops: their values come from the device's own generator (as on CUDA), so only
+# shapes and dtypes can be compared with the CPU's.
+NOT_COMPARABLE = {
+    name: "random numbers from the neuron generator differ from the CPU generator's"
+    for name in (
+        "bernoulli",
+        "normal",
+        "normal_number_mean",
+        "normal_in_place",
+        "uniform",
+        "nn.functional.dropout",
+        "nn.functional.dropout2d",
+        "nn.functional.dropout3d",
+        "nn.functional.alpha_dropout",
+        "nn.functional.feature_alpha_dropout",
+        "nn.functional.rrelu",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randint",
+        "multinomial",
+        "cauchy",
+        "exponential",
+        "geometric",
+        "log_normal",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "empty_permuted",
+        "nn.functional.multi_head_attention_forward",
+        "torch._scaled_mm",
+    )
+}
+
+
+@dataclass
+class Result:
+    name: str
+    passed: bool
+    samples: int
+    reason: str = ""
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _to_neuron(x: Any) -> Any:
+    """Tensors move to neuron; a device argument (factories) names neuron instead of cpu."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("neuron")
+    if isinstance(x, torch.device) and x.type == "cpu" or x == "cpu":
+        return torch.device("neuron")
+    return x
+
+
+def _moved(sample: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+    """The sample on neuron, or None when nothing in it names a device (such a factory call
+    makes CPU tensors whatever the backend)."""
+    original = (sample.input, tuple(sample.args), dict(sample.kwargs))
+    moved = tree_map(_to_neuron, original)
+    touched = [
+        a is not b for a, b in zip(tree_flatten(original)[0], tree_flatten(moved)[0], strict=True)
+    ]
+    return moved if any(touched) else None
+
+
+def _compare(expected: Any, actual: Any, values: bool) -> None:
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(actual, torch.Tensor):
+            raise AssertionError(f"expected a tensor, got {type(actual).__name__}")
+        if actual.device.type != "neuron" and expected.device.type == "cpu":
+            raise AssertionError(f"result on {actual.device}, expected neuron")
+        got = actual.detach().cpu()
+        if not values:
+            assert got.shape == expected.shape and got.dtype == expected.dtype, (
+                got.shape,
+                expected.shape,
+            )
+            return
+        torch.testing.assert_close(got, expected.detach(), equal_nan=True, rtol=1.3e-6, atol=1e-5)
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected)
+        for e, a in zip(expected, actual, strict=True):
+            _compare(e, a, values)
+    elif isinstance(expected, float) and values:
+        assert (expected != expected and actual != actual) or abs(
+            expected - actual
+        ) <= 1e-5 + 1.3e-6 * abs(expected)
+    elif values:
+        assert expected == actual, (expected, actual)
+
+
+def run_op(op: Any, timeout: int) -> Result:
+    name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    values = op.name not in NOT_COMPARABLE
+    count = 0
+
+    def alarm(*_: object) -> None:
+        raise _Timeout
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(timeout)
+    try:
+        for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
+            try:
+                torch.manual_seed(0)
+                expected = op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:  # noqa: BLE001  (the CPU rejects this sample: not ours to test)
+                continue
+            moved = _moved(sample)
+            if moved is None:
+                continue
+            dev_input, dev_args, dev_kwargs = moved
+            torch.manual_seed(0)
+            actual = op(dev_input, *dev_args, **dev_kwargs)
+            _compare(expected, actual, values)
+            count += 1
+    except _Timeout:
+        return Result(name, False, count, f"over the {timeout} s limit")
+    except Exception as e:  # noqa: BLE001  (reported per op)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return Result(name, False, count, f"{type(e).__name__}: {first[:200]}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name])
+
+
+def float32_ops(names: Iterable[str] | None = None) -> list[Any]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    wanted = set(names) if names else None
+    ops = [o for o in op_db if torch.float32 in o.supported_dtypes("cpu")]
+    if wanted is not None:
+        ops = [o for o in ops if o.name in wanted]
+    return ops
+
+
+def _worker(names: list[str], start: int, timeout: int) -> None:
+    """Runs ops from index `start`, one JSON line per op; the parent survives our crashes."""
+    import json
+
+    ops = float32_ops(names or None)
+    for op in ops[start:]:
+        print(
+            json.dumps(
+                {"start": op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")}
+            ),
+            flush=True,
+        )
+        r = run_op(op, timeout)
+        print(json.dumps(r.__dict__), flush=True)
+
+
+def run_all(names: list[str], timeout: int, progress: bool) -> list[Result]:
+    """All ops in worker processes: an op that crashes the process fails alone."""
+    import json
+    import subprocess
+
+    total = len(float32_ops(names or None))
+    results: list[Result] = []
+    while len(results) < total:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--start",
+            str(len(results)),
+            "--timeout",
+            str(timeout),
+            "--ops",
+            ",".join(names),
+        ]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        current = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if "start" in msg:
+                current = msg["start"]
+                if progress:
+                    print(f"... {current}", file=sys.stderr, flush=True)
+            else:
+                results.append(Result(**msg))
+                current = None
+        code = proc.wait()
+        if current is not None:  # the worker died inside this op
+            results.append(Result(current, False, 0, f"crashed the process (exit code {code})"))
+        elif len(results) < total:
+            raise RuntimeError(f"conformance worker exited with {code} between ops")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all)")
+    parser.add_argument("--timeout", type=int, default=60, help="seconds per op")
+    parser.add_argument("--progress", action="store_true", help="name each op on stderr")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # OpInfo samples trigger many deprecation warnings
+    names = [n for n in args.ops.split(",") if n]
+    if args.worker:
+        _worker(names, args.start, args.timeout)
+        return 0
+    start = time.time()
+    results = run_all(names, args.timeout, args.progress)
+    failed = [r for r in results if not r.passed]
+    for r in failed:
+        print(f"FAIL {r.name}: {r.reason}")
+    for r in results:
+        if r.passed and r.reason:
+            print(f"shape/dtype only {r.name}: {r.reason}")
+    passed = len(results) - len(failed)
+    print(
+        f"{len(results)} ops with float32 samples, {time.time() - start:.0f} s; "
+        f"{100 * passed / max(1, len(results)):.1f} % pass fully"
+    )
+    print(f"{passed} passed, {len(failed)} failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
