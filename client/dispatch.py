@@ -182,10 +182,9 @@ def _execute(
     tensors: list[Tensor],
     scalars: list[Any],
 ) -> Any:
-    for index, shape in entry.write_shapes.items():
-        if tensors[index].shape != shape:
-            tensors[index].resize_(shape)  # out= arguments are resized like on CPU
     inputs = [t if t.is_cpu else rt.host_alias(t) for t in tensors]
+    for index in entry.out_args:  # the CPU kernel may resize out=: give it a CPU tensor
+        inputs[index] = torch.empty(0, dtype=tensors[index].dtype)
     blocks = []
     for kind, size in entry.returns:
         if kind == "fresh":
@@ -197,6 +196,11 @@ def _execute(
     except ExecutionError as e:
         rt.free_unadopted(blocks)
         raise execution_error(spec.name, e.cause) from e.cause
+    for index in entry.out_args:
+        result, out = inputs[index], tensors[index]
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        rt.host_alias(out).copy_(result)
     rt.launch(entry.loaded)
     if entry.dynamic:
         rt.synchronize()
@@ -322,7 +326,7 @@ def _build(
     returns: list[tuple[str, Any]] = []
     out_types: list[TensorType] = []
     aliases: list[Alias] = []
-    write_shapes: dict[int, tuple[int, ...]] = {}
+    out_args: list[int] = []
     n_returns = len(spec.returns_tensor)
     for j in range(n_returns):
         meta = meta_out[j] if meta_out is not None and j < len(meta_out) else None
@@ -330,8 +334,8 @@ def _build(
             index = arg_tensor_index[spec.writes[j]]
             returns.append(("write", index))
             aliases.append(Alias(len(out_types), arg_position[spec.writes[j]], writes=True))
-            if isinstance(meta, Tensor):
-                write_shapes[index] = tuple(meta.shape)
+            if spec.writes[j] in kwargs:  # out=: kwarg-only in every schema
+                out_args.append(index)
             out_types.append(tensor_type(meta) if isinstance(meta, Tensor) else inputs[index])
         elif isinstance(meta, (list, tuple)):
             returns.append(("list", [_nbytes(m) for m in meta]))
@@ -344,7 +348,6 @@ def _build(
             out_types.append(_DYNAMIC)
         else:
             returns.append(("value", None))
-    write_shapes = {i: s for i, s in write_shapes.items() if tuple(tensors[i].shape) != s}
     node = Node(
         spec.name if "::" in spec.name else f"aten::{spec.name}",
         tuple(named),
@@ -360,7 +363,7 @@ def _build(
     path, line, function = user_frame()
     debug = graph_pb2.GraphDebug(name=spec.name)
     debug.node_locations.add(file=path, line=line, function=function)
-    return runtime.Entry(rt.executable_for(graph, debug), returns, dynamic, write_shapes)
+    return runtime.Entry(rt.executable_for(graph, debug), returns, dynamic, out_args)
 
 
 def _nbytes(t: Tensor) -> int:

@@ -34,7 +34,7 @@ class Entry:
         tuple[str, Any]
     ]  # ("fresh", nbytes) | ("list", [nbytes]) | ("write", i) | ("value", None)
     dynamic: bool  # output shape depends on data: a sync point
-    write_shapes: dict[int, tuple[int, ...]]  # tensor index -> shape an out= argument must have
+    out_args: list[int]  # tensor indices of out= arguments (computed on the CPU, copied back)
 
     @property
     def one_fresh_output(self) -> int | None:

@@ -143,12 +143,12 @@ class HbmAllocator:
         rounded = round_size(size)
         parked = self._parked.get(rounded)
         if parked:
-            block = parked.pop()
-            block.allocated = True
-            block.requested = size
-            block.segment.blocks_in_use += 1
-            self._count_alloc(block)
-            return block
+            reused = parked.pop()
+            reused.allocated = True
+            reused.requested = size
+            reused.segment.blocks_in_use += 1
+            self._count_alloc(reused)
+            return reused
         self._unpark()
         small = rounded <= SMALL_REQUEST
         block = self._take_cached(small, rounded)

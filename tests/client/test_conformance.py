@@ -1,0 +1,138 @@
+"""A representative subset of PyTorch's OpInfo database on neuron vs CPU (float32 forward).
+
+The whole database runs with `make conformance` (tests/conformance.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance import float32_ops, run_op
+
+SUBSET = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "true_divide",
+    "pow",
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "sin",
+    "cos",
+    "clamp",
+    "where",
+    "maximum",
+    "minimum",
+    "eq",
+    "lt",
+    "ge",
+    "logical_and",
+    "masked_fill",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "matmul",
+    "mm",
+    "bmm",
+    "addmm",
+    "baddbmm",
+    "nn.functional.linear",
+    "einsum",
+    "nn.functional.relu",
+    "nn.functional.gelu",
+    "nn.functional.silu",
+    "nn.functional.softplus",
+    "softmax",
+    "log_softmax",
+    "nn.functional.layer_norm",
+    "nn.functional.batch_norm",
+    "nn.functional.group_norm",
+    "nn.functional.embedding",
+    "nn.functional.cross_entropy",
+    "nn.functional.nll_loss",
+    "nn.functional.mse_loss",
+    "nn.functional.conv2d",
+    "nn.functional.max_pool2d",
+    "nn.functional.avg_pool2d",
+    "nn.functional.adaptive_avg_pool2d",
+    "nn.functional.dropout",
+    "nn.functional.pad",
+    "nn.functional.interpolate",
+    "sum",
+    "mean",
+    "amax",
+    "argmax",
+    "var",
+    "std",
+    "prod",
+    "cumsum",
+    "logsumexp",
+    "norm",
+    "linalg.vector_norm",
+    "cat",
+    "stack",
+    "split",
+    "chunk",
+    "transpose",
+    "permute",
+    "reshape",
+    "view",
+    "flatten",
+    "squeeze",
+    "unsqueeze",
+    "expand",
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "index_put",
+    "index_add",
+    "take_along_dim",
+    "masked_select",
+    "nonzero",
+    "topk",
+    "sort",
+    "tril",
+    "triu",
+    "flip",
+    "roll",
+    "repeat",
+    "narrow",
+    "select",
+    "arange",
+    "zeros",
+    "ones",
+    "full",
+    "zeros_like",
+    "ones_like",
+    "randn_like",
+    "bernoulli",
+    "fft.fft",
+    "fft.ifft",
+]
+
+
+def _ops():
+    return float32_ops(SUBSET)
+
+
+def test_subset_names_exist():
+    found = {op.name for op in _ops()}
+    assert set(SUBSET) <= found, sorted(set(SUBSET) - found)
+
+
+@pytest.mark.parametrize(
+    "op",
+    _ops(),
+    ids=lambda op: op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""),
+)
+def test_opinfo_float32_samples_match_cpu(op):
+    result = run_op(op, timeout=120)
+    assert result.passed, result.reason
+    assert result.samples > 0, "no sample ran on neuron"
