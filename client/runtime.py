@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,12 +37,12 @@ class Entry:
     dynamic: bool  # output shape depends on data: a sync point
     out_args: list[int]  # tensor indices of out= arguments (computed on the CPU, copied back)
 
-    @property
-    def one_fresh_output(self) -> int | None:
-        """nbytes when the op returns one new tensor of known size (the hot case), else None."""
-        if len(self.returns) == 1 and self.returns[0][0] == "fresh" and not self.dynamic:
-            return int(self.returns[0][1])
-        return None
+    # nbytes when the op returns one new tensor of known size (the hot case), else None.
+    one_fresh_output: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        simple = len(self.returns) == 1 and self.returns[0][0] == "fresh" and not self.dynamic
+        self.one_fresh_output = int(self.returns[0][1]) if simple else None
 
 
 class Runtime:
@@ -60,6 +61,8 @@ class Runtime:
         self.generator.manual_seed(DEFAULT_SEED)
         self.stream = 0
         self.dispatch_ns = self.target.host_dispatch_op_ns
+        self.measured_host = settings.host_costs == "measured"
+        self._host_mark = time.perf_counter_ns()
         self._blocks: dict[int, tuple[weakref.ref[Any], Block, int]] = {}
         # data_ptr of each live device storage -> the CPU tensor it was made from (same
         # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
@@ -127,13 +130,18 @@ class Runtime:
 
     # -- timeline -----------------------------------------------------------------------------
     def launch(self, loaded: execute.LoadedExecutable) -> None:
+        """The host dispatches the op (modelled, or the real time since the last launch
+        with NEURON_SIM_HOST=measured) and enqueues its executable."""
         timeline = self.timeline
-        timeline.host_ns += self.dispatch_ns
-        timeline.host_busy_ns += self.dispatch_ns
+        if self.measured_host:
+            now = time.perf_counter_ns()
+            cost, self._host_mark = now - self._host_mark, now
+        else:
+            cost = self.dispatch_ns
+        timeline.host_ns += cost
+        timeline.host_busy_ns += cost
         if loaded.modelled_ns:
-            self.timeline.launch(
-                loaded.modelled_ns, stream=self.stream, name=loaded.key, engine_ns=loaded.engine_ns
-            )
+            timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["launches"] += 1
 
     def synchronize(self, stream: int | None = None) -> None:

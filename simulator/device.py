@@ -95,6 +95,23 @@ class Timeline:
                 busy[engine] += ns
         return Launch(stream, name, self.host_ns, start, end)
 
+    def enqueue(self, duration_ns: int, stream: int, engine_ns: dict[str, int]) -> None:
+        """launch() without the record: the runtime's per-op path."""
+        queue = self._queues[stream]
+        host = self.host_ns
+        start = max(queue.end_ns, host)
+        end = start + self.target.launch_overhead_ns + duration_ns
+        queue.end_ns = end
+        ends = queue.ends
+        ends.append(end)
+        while ends[0] <= host:
+            ends.popleft()
+        queue.busy_ns += end - start
+        self.launches += 1
+        busy = self.engine_busy_ns
+        for engine, ns in engine_ns.items():
+            busy[engine] += ns
+
     def queue_depth(self, stream: int | None = None) -> int:
         """Launches submitted and not yet finished at the current host time."""
         streams = [stream] if stream is not None else list(self._queues)

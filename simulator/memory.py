@@ -140,14 +140,19 @@ class HbmAllocator:
     def malloc(self, size: int) -> Block:
         if size < 0:
             raise ValueError(f"cannot allocate a negative size ({size} bytes)")
-        rounded = round_size(size)
+        rounded = max(ALIGNMENT, -(-size // ALIGNMENT) * ALIGNMENT)
         parked = self._parked.get(rounded)
-        if parked:
+        if parked:  # the common case, kept short: it runs for every op's output
             reused = parked.pop()
             reused.allocated = True
             reused.requested = size
             reused.segment.blocks_in_use += 1
-            self._count_alloc(reused)
+            c = self._counters
+            allocated = c["allocated_bytes"] + rounded
+            c["allocated_bytes"] = allocated
+            c["requested_bytes"] += size
+            c["peak_allocated_bytes"] = max(c["peak_allocated_bytes"], allocated)
+            c["num_allocs"] += 1
             return reused
         self._unpark()
         small = rounded <= SMALL_REQUEST
