@@ -115,20 +115,26 @@ class _Step:
         schema_args = {a.name: a for a in self.op._schema.arguments}
         self.positional: list[Builder] = []
         self.keywords: list[tuple[str, Builder]] = []
-        first_tensor = _first_tensor_builder(node)
+        # Numbers where the schema takes a Tensor: most ops take them as they are (as the
+        # CPU got them); the others get a 0-dim tensor (see call()).
+        self.number_positions: list[int] = []
+        self.number_keywords: list[int] = []
+        self.first_tensor = _first_tensor_builder(node)
         for a in node.args:
-            b = _builder(a)
             declared = schema_args.get(a.name)
-            if (
+            number = (
                 declared is not None
                 and str(declared.type) == "Tensor"
                 and a.WhichOneof("value") != "tensor"
-            ):
-                b = _wrapped_number(b, first_tensor)
+            )
             if declared is not None and declared.kwarg_only:
-                self.keywords.append((a.name, b))
+                if number:
+                    self.number_keywords.append(len(self.keywords))
+                self.keywords.append((a.name, _builder(a)))
             else:
-                self.positional.append(b)
+                if number:
+                    self.number_positions.append(len(self.positional))
+                self.positional.append(_builder(a))
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
         self.call_op = self.op._op  # the C++ callable behind the OpOverload (skips a frame)
         self.n_outputs = len(node.outputs)
@@ -142,6 +148,32 @@ class _Step:
         )
 
     def call(
+        self,
+        inputs: Sequence[Any],
+        env: Env,
+        scalars: Sequence[Any],
+        generator: torch.Generator | None,
+    ) -> Any:
+        try:
+            return self._call(inputs, env, scalars, generator)
+        except (TypeError, RuntimeError) as e:
+            if not (self.number_positions or self.number_keywords) or "Unable to cast" not in str(
+                e
+            ):
+                raise
+            self._wrap_numbers()
+            return self._call(inputs, env, scalars, generator)
+
+    def _wrap_numbers(self) -> None:
+        """This op refused a number for a Tensor argument: wrap them from now on."""
+        for i in self.number_positions:
+            self.positional[i] = _wrapped_number(self.positional[i], self.first_tensor)
+        for i in self.number_keywords:
+            name, b = self.keywords[i]
+            self.keywords[i] = (name, _wrapped_number(b, self.first_tensor))
+        self.number_positions, self.number_keywords = [], []
+
+    def _call(
         self,
         inputs: Sequence[Any],
         env: Env,
