@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := protos simulator compiler client
+PACKAGES := protos simulator compiler scheduler daemon client
 
 .PHONY: setup test test-slow lint protos explain demo bench conformance clean
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml protos/*.proto $(addsuffix /.,$(PACKAGES))
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy -p trnsim.simulator -p trnsim.compiler -p trnsim.client
+	$(VENV)/bin/mypy -p trnsim.simulator -p trnsim.compiler -p trnsim.scheduler -p trnsim.daemon -p trnsim.client
 
 test: lint
 	$(PY) -m pytest -q -m "not slow"
@@ -37,8 +37,10 @@ explain: setup
 	$(PY) -m trnsim.compiler --explain examples/graphs/mlp.json
 
 # The main demo: a small GPT trained on the simulated chip next to the same on CPU.
+# Compiles go through the host's compile daemon (started on first use); its stats close it.
 demo: setup
 	$(PY) examples/train_gpt.py --steps 20
+	$(VENV)/bin/trnsim stats
 
 bench: setup
 	$(PY) benchmarks/dispatch.py

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from trnsim.compiler import graph as ir
 from trnsim.compiler.emit import emit
-from trnsim.compiler.keys import CacheKey, cache_key
+from trnsim.compiler.keys import CacheKey, cache_key, cache_key_from_proto
 from trnsim.compiler.lower import Instr, Kernel, classify, lower
 from trnsim.compiler.memory_plan import MemoryPlan, MemoryPlanError, memory_plan
 from trnsim.compiler.passes import eliminate_common_subexpressions, eliminate_dead_code
@@ -29,6 +29,7 @@ __all__ = [
     "CompileError",
     "MemoryPlanError",
     "cache_key",
+    "cache_key_from_proto",
     "compile",
     "compiler_version",
 ]

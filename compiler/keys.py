@@ -10,9 +10,10 @@ import json
 import logging
 from dataclasses import dataclass
 
-from trnsim.compiler.graph import Graph, canonical_bytes
+from trnsim.compiler.graph import Graph, canonical_bytes, from_proto
 from trnsim.compiler.version import FORMAT_VERSION, compiler_version
 from trnsim.protos import executable_pb2 as ex
+from trnsim.protos import graph_pb2
 from trnsim.simulator.config import Target
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,40 @@ def _sha(data: bytes) -> str:
 
 
 def cache_key(graph: Graph, target: Target, options: ex.CompileOptions | None = None) -> CacheKey:
+    return _key(canonical_bytes(graph), target, options)
+
+
+def _inputs_in_first_use_order(graph: graph_pb2.Graph) -> bool:
+    expected = 0
+
+    def visit(arg: graph_pb2.Argument) -> bool:
+        nonlocal expected
+        kind = arg.WhichOneof("value")
+        if kind == "list":
+            return all(visit(a) for a in arg.list.items)
+        if kind == "tensor" and arg.tensor.WhichOneof("kind") == "input":
+            if arg.tensor.input > expected:
+                return False
+            expected += arg.tensor.input == expected
+        return True
+
+    ok = all(visit(a) for node in graph.nodes for a in node.args)
+    return ok and expected == len(graph.inputs)
+
+
+def cache_key_from_proto(
+    graph: graph_pb2.Graph, target: Target, options: ex.CompileOptions | None = None
+) -> CacheKey:
+    """The same key as cache_key(from_proto(graph)), without building the IR when the graph
+    is already canonical (what clients send): its deterministic bytes are the canonical ones."""
+    if _inputs_in_first_use_order(graph):
+        return _key(graph.SerializeToString(deterministic=True), target, options)
+    return cache_key(from_proto(graph), target, options)
+
+
+def _key(graph_bytes: bytes, target: Target, options: ex.CompileOptions | None) -> CacheKey:
     components = (
-        ("graph", _sha(canonical_bytes(graph))),
+        ("graph", _sha(graph_bytes)),
         ("compiler_version", _sha(compiler_version().encode())),
         ("format_version", _sha(str(FORMAT_VERSION).encode())),
         ("target", _sha(target_bytes(target))),

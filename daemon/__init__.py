@@ -1,0 +1,1 @@
+"""The per-host compilation daemon: gRPC over a Unix socket, dedupe, worker pool, caches."""

@@ -1,0 +1,247 @@
+"""The `trnsim` command: daemon serve|start|stop|status, stats, cache ls|verify|prune|clear."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from google.protobuf import json_format
+from trnsim import compiler
+from trnsim.daemon import launcher
+from trnsim.daemon.cache import ExecutableCache
+from trnsim.daemon.config import (
+    SYSTEM_CACHE,
+    SYSTEM_SOCKET,
+    ConfigError,
+    DaemonConfig,
+    default_address,
+    default_cache_dir,
+)
+from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import compile_service_pb2_grpc as svc_grpc
+
+
+def _config(args: argparse.Namespace) -> DaemonConfig:
+    config = DaemonConfig()
+    if args.system:
+        config.system = True
+        config.address = f"unix:{SYSTEM_SOCKET}"
+        config.cache_dir = Path(os.environ.get("CACHE_DIRECTORY", SYSTEM_CACHE))
+    if args.address:
+        config.address = args.address if ":" in args.address else f"unix:{args.address}"
+    if getattr(args, "cache_dir", None):
+        config.cache_dir = Path(args.cache_dir)
+    if getattr(args, "workers", None):
+        config.workers = args.workers
+    if getattr(args, "idle_exit", None) is not None:
+        config.idle_exit_s = args.idle_exit
+    if getattr(args, "memory_cache_mb", None):
+        config.memory_cache_bytes = args.memory_cache_mb * 1024 * 1024
+    if getattr(args, "disk_cache_mb", None):
+        config.disk_cache_bytes = args.disk_cache_mb * 1024 * 1024
+    if getattr(args, "compile_timeout", None):
+        config.compile_timeout_s = args.compile_timeout
+    return config
+
+
+def _stats(address: str) -> svc.StatsResponse:
+    with grpc.insecure_channel(address) as channel:
+        return svc_grpc.CompileServiceStub(channel).Stats(svc.StatsRequest(), timeout=5)  # type: ignore[no-any-return]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from trnsim.daemon.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return serve(_config(args))
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    config = _config(args)
+    info = launcher.get_info(config.address)
+    if info is not None:
+        print(f"already running: pid {info.pid} on {config.address}")
+        return 0
+    info = launcher.ensure_daemon(config.address, idle_exit_s=config.idle_exit_s)
+    if info is None:
+        print(
+            f"error: the daemon did not start on {config.address}; see daemon.log next to the socket",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"started: pid {info.pid} on {config.address}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    config = _config(args)
+    info = launcher.get_info(config.address)
+    if info is None:
+        print(f"no daemon answers on {config.address}")
+        return 0
+    os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while (
+        time.monotonic() < deadline and launcher.get_info(config.address, timeout=0.3) is not None
+    ):
+        time.sleep(0.1)
+    print(f"stopped pid {info.pid}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _config(args)
+    info = launcher.get_info(
+        config.address, version=compiler.compiler_version(), fmt=compiler.FORMAT_VERSION
+    )
+    if info is None:
+        print(f"not running (nothing answers on {config.address})")
+        return 3
+    state = "compatible" if info.compatible else "DIFFERENT VERSION: clients compile in process"
+    print(
+        f"running: pid {info.pid}, compiler {info.compiler_version} ({state}), cache {info.cache_dir}, "
+        f"up {time.time() - info.started_at:.0f} s"
+    )
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    config = _config(args)
+    try:
+        stats = _stats(config.address)
+    except grpc.RpcError:
+        print(f"no daemon answers on {config.address}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json_format.MessageToJson(stats, always_print_fields_with_no_presence=True))
+        return 0
+    print(format_stats(stats))
+    return 0
+
+
+def format_stats(s: svc.StatsResponse) -> str:
+    hits = s.memory.hits + s.disk.hits
+    asked = s.requests + s.lookups
+    rows = [
+        ("requests (stream / lookup)", f"{s.requests} / {s.lookups}"),
+        (
+            "hits: memory / disk",
+            f"{s.memory.hits} / {s.disk.hits} ({100 * hits / max(1, asked):.1f} % of requests)",
+        ),
+        ("compiles", f"{s.compiles} (joined in flight: {s.joins})"),
+        ("failures", ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "none"),
+        ("corrupt entries dropped", str(s.corrupt_entries)),
+        ("queue / in flight / waiters", f"{s.queue_depth} / {s.in_flight} / {s.waiters}"),
+        ("workers (restarts)", f"{s.workers} ({s.worker_restarts})"),
+        (
+            "compile seconds: total, p50, p99",
+            f"{s.compile_seconds_total:.3f}, {s.compile_seconds_p50:.3f}, {s.compile_seconds_p99:.3f}",
+        ),
+        ("seconds saved by hits and joins", f"{s.seconds_saved:.3f}"),
+        (
+            "memory tier: entries, bytes, evictions",
+            f"{s.memory.entries}, {s.memory.bytes}, {s.memory.evictions}",
+        ),
+        (
+            "disk tier: entries, bytes, evictions",
+            f"{s.disk.entries}, {s.disk.bytes}, {s.disk.evictions}",
+        ),
+        ("connected clients, uptime", f"{s.connected_clients}, {s.uptime_seconds:.0f} s"),
+        ("dropped jobs (nobody waiting)", str(s.dropped_jobs)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _cache(args: argparse.Namespace) -> ExecutableCache:
+    config = _config(args)
+    return ExecutableCache(
+        config.cache_dir / "executables",
+        1,
+        config.disk_cache_bytes,
+        tag=compiler.compiler_version(),
+    )
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    try:
+        if args.cache_command == "ls":
+            total = 0
+            for key, size, tag in cache.entries():
+                total += size
+                print(f"{key}  {size:>9} B  compiler {tag}")
+            print(f"{total} bytes in {cache.disk_stats()[0]} entries at {cache.directory}")
+        elif args.cache_command == "verify":
+            good, bad = cache.verify()
+            print(f"{good} good, {bad} corrupt (deleted)")
+            return 1 if bad else 0
+        elif args.cache_command == "prune":
+            print(f"pruned {cache.prune()} entries (expired, or from other compiler versions)")
+        elif args.cache_command == "clear":
+            print(f"cleared {cache.clear()} entries")
+    finally:
+        cache.close()
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trnsim", description=__doc__)
+    p.add_argument("--address", help=f"daemon address (default {default_address()})")
+    p.add_argument("--system", action="store_true", help=f"the systemd daemon ({SYSTEM_SOCKET})")
+    sub = p.add_subparsers(dest="command", required=True)
+    daemon = sub.add_parser("daemon", help="run or control the compile daemon")
+    dsub = daemon.add_subparsers(dest="daemon_command", required=True)
+    for name in ("serve", "start"):
+        d = dsub.add_parser(
+            name, help="run in the foreground" if name == "serve" else "start in the background"
+        )
+        d.add_argument(
+            "--address", default=argparse.SUPPRESS, help="unix:/path/to.sock or host:port"
+        )
+        d.add_argument("--cache-dir", help=f"default {default_cache_dir()}")
+        d.add_argument(
+            "--workers", type=int, help="compile processes (default: from CPUs and free memory)"
+        )
+        d.add_argument(
+            "--idle-exit", type=float, help="exit after this many idle seconds with no client"
+        )
+        d.add_argument("--memory-cache-mb", type=int)
+        d.add_argument("--disk-cache-mb", type=int)
+        d.add_argument("--compile-timeout", type=float, help="seconds before a compile is killed")
+        d.add_argument("--system", action="store_true", default=argparse.SUPPRESS)
+    for name in ("stop", "status"):
+        d = dsub.add_parser(name)
+        d.add_argument("--address", default=argparse.SUPPRESS)
+    stats = sub.add_parser("stats", help="the daemon's counters")
+    stats.add_argument("--json", action="store_true")
+    cache = sub.add_parser("cache", help="the on-disk executable cache")
+    cache.add_argument("--cache-dir", help=f"default {default_cache_dir()}")
+    cache.add_argument("cache_command", choices=["ls", "verify", "prune", "clear"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.system = getattr(args, "system", False)
+    try:
+        if args.command == "daemon":
+            return {"serve": cmd_serve, "start": cmd_start, "stop": cmd_stop, "status": cmd_status}[
+                args.daemon_command
+            ](args)
+        if args.command == "stats":
+            return cmd_stats(args)
+        return cmd_cache(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

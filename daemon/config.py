@@ -1,0 +1,79 @@
+"""Where the daemon listens and keeps its cache, and its limits."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+SYSTEM_SOCKET = "/run/trnsim/compiler.sock"
+SYSTEM_CACHE = "/var/cache/trnsim"
+WORKER_MEMORY_BYTES = 512 * 1024 * 1024  # what one compile worker may need at most [E]
+
+
+class ConfigError(ValueError):
+    """Unrecoverable: the daemon cannot use this address or directory; the message says why."""
+
+
+def user_runtime_dir() -> Path:
+    """$XDG_RUNTIME_DIR/trnsim, else a 0700 directory under the temp dir named for the user."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return Path(xdg) / "trnsim"
+    return Path(tempfile.gettempdir()) / f"trnsim-{getpass.getuser()}"
+
+
+def default_address() -> str:
+    return f"unix:{user_runtime_dir() / 'compiler.sock'}"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("NEURON_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "trnsim"
+
+
+def default_workers() -> int:
+    """One per CPU, fewer if free memory cannot hold that many compiles."""
+    cpus = os.cpu_count() or 1
+    by_memory = psutil.virtual_memory().available // WORKER_MEMORY_BYTES
+    return max(1, min(cpus, int(by_memory)))
+
+
+def ensure_private_dir(path: Path, mode: int = 0o700) -> None:
+    """Creates path with `mode`; refuses one owned by another user or open to others."""
+    path.mkdir(parents=True, exist_ok=True, mode=mode)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise ConfigError(
+            f"{path} belongs to uid {st.st_uid}, not to you; remove it or pick another"
+        )
+    if st.st_mode & 0o777 != mode:
+        os.chmod(path, mode)
+
+
+def socket_path(address: str) -> Path | None:
+    return Path(address[len("unix:") :]) if address.startswith("unix:") else None
+
+
+@dataclass
+class DaemonConfig:
+    address: str = field(default_factory=default_address)
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    system: bool = False  # systemd mode: socket 0660 for a group instead of 0600
+    memory_cache_bytes: int = 256 * 1024 * 1024
+    disk_cache_bytes: int = 4 * 1024 * 1024 * 1024
+    workers: int = field(default_factory=default_workers)
+    compile_timeout_s: float = 600.0
+    error_ttl_s: float = 600.0  # deterministic compile errors are remembered this long
+    idle_exit_s: float | None = None  # auto-started daemons exit after this long idle
+    max_request_bytes: int = 64 * 1024 * 1024
+    max_nodes: int = 100_000
+    max_streams: int = 1024
+    drain_timeout_s: float = 30.0

@@ -1,0 +1,143 @@
+"""The in-flight table: one job per cache key, however many requests wait for it.
+
+A request for a key already queued or compiling joins that job (its waiter count grows);
+the queue hands workers the most urgent job (scheduler/priorities.py); a queued job whose
+waiters all left is dropped without compiling.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trnsim.protos import compile_service_pb2 as svc
+from trnsim.scheduler import priorities
+
+Deliver = Callable[[svc.CompileResult], None]
+
+
+@dataclass(eq=False)
+class Waiter:
+    stream: int
+    request_id: int
+    priority: int
+    deliver: Deliver
+
+
+@dataclass(eq=False)
+class Job:
+    key: str
+    request: svc.CompileRequest
+    enqueued_at: float = field(default_factory=time.monotonic)
+    waiters: list[Waiter] = field(default_factory=list)
+    attempts: int = 0
+    running: bool = False
+
+    def queued(self) -> priorities.QueuedJob:
+        return priorities.QueuedJob(
+            priorities.most_urgent([w.priority for w in self.waiters]),
+            len(self.waiters),
+            self.enqueued_at,
+        )
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._cond = threading.Condition()
+        self.closed = False
+        self.joins = 0
+        self.dropped = 0
+
+    def submit(self, key: str, request: svc.CompileRequest, waiter: Waiter) -> bool:
+        """Adds a waiter for key; returns True when it joined a job already in flight."""
+        with self._cond:
+            job = self._jobs.get(key)
+            if job is not None:
+                job.waiters.append(waiter)
+                self.joins += 1
+                self._cond.notify_all()
+                return True
+            self._jobs[key] = Job(key, request, waiters=[waiter])
+            self._cond.notify_all()
+            return False
+
+    def withdraw(self, stream: int, request_id: int | None = None) -> None:
+        """A stream closed (or cancelled one request): its waiters leave their jobs."""
+        with self._cond:
+            for key, job in list(self._jobs.items()):
+                job.waiters = [
+                    w
+                    for w in job.waiters
+                    if not (
+                        w.stream == stream and (request_id is None or w.request_id == request_id)
+                    )
+                ]
+                if not job.waiters and not job.running:
+                    del self._jobs[key]
+                    self.dropped += 1
+
+    def next_job(self, timeout: float | None = None) -> Job | None:
+        """Blocks until a runnable job is queued (or the table closes); marks it running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self.closed:
+                queued = [j for j in self._jobs.values() if not j.running and j.waiters]
+                if queued:
+                    job = min(queued, key=lambda j: priorities.rank(j.queued()))
+                    job.running = True
+                    job.attempts += 1
+                    return job
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            return None
+
+    def requeue(self, job: Job) -> None:
+        with self._cond:
+            job.running = False
+            if not job.waiters:
+                self._jobs.pop(job.key, None)
+                self.dropped += 1
+            self._cond.notify_all()
+
+    def finish(self, job: Job, result: svc.CompileResult) -> int:
+        """Delivers the result to every waiter (each with its own request id)."""
+        with self._cond:
+            self._jobs.pop(job.key, None)
+            waiters = list(job.waiters)
+        for w in waiters:
+            out = svc.CompileResult()
+            out.CopyFrom(result)
+            out.id = w.request_id
+            w.deliver(out)
+        return len(waiters)
+
+    def cancel_queued(self, message: str) -> int:
+        """Draining: queued jobs are handed back to their waiters (who compile themselves)."""
+        with self._cond:
+            queued = [j for j in self._jobs.values() if not j.running]
+            for j in queued:
+                del self._jobs[j.key]
+        error = svc.CompileResult(
+            error=svc.CompileError(error_class=svc.CANCELLED, message=message)
+        )
+        for j in queued:
+            self.finish(j, error)
+        return len(queued)
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def counts(self) -> tuple[int, int, int]:
+        """(queued, running, waiters)."""
+        with self._cond:
+            queued = sum(1 for j in self._jobs.values() if not j.running)
+            running = sum(1 for j in self._jobs.values() if j.running)
+            waiters = sum(len(j.waiters) for j in self._jobs.values())
+        return queued, running, waiters

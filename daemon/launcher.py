@@ -1,0 +1,85 @@
+"""Finding the daemon, and starting one when none answers (one process wins the race)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from trnsim.daemon.config import default_address, ensure_private_dir, socket_path
+from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import compile_service_pb2_grpc as svc_grpc
+
+AUTO_IDLE_EXIT_S = 600.0
+
+
+def get_info(
+    address: str, timeout: float = 1.0, version: str = "", fmt: int = 0
+) -> svc.GetInfoResponse | None:
+    """The daemon's GetInfo answer, or None when nothing answers at address."""
+    path = socket_path(address)
+    if path is not None and not path.exists():
+        return None
+    channel = grpc.insecure_channel(address)
+    try:
+        stub = svc_grpc.CompileServiceStub(channel)
+        return stub.GetInfo(  # type: ignore[no-any-return]
+            svc.GetInfoRequest(client_compiler_version=version, client_format_version=fmt),
+            timeout=timeout,
+        )
+    except grpc.RpcError:
+        return None
+    finally:
+        channel.close()
+
+
+def spawn(
+    address: str, idle_exit_s: float | None, log_file: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Starts `python -m trnsim.daemon` detached from this process's session."""
+    cmd = [sys.executable, "-m", "trnsim.daemon", "--address", address]
+    if idle_exit_s is not None:
+        cmd += ["--idle-exit", str(idle_exit_s)]
+    out = open(log_file, "ab") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=out,
+        start_new_session=True,
+        env=env,
+        close_fds=True,
+    )
+
+
+def ensure_daemon(
+    address: str | None = None, wait_s: float = 15.0, idle_exit_s: float | None = AUTO_IDLE_EXIT_S
+) -> svc.GetInfoResponse | None:
+    """Connects to the daemon at address, starting one if none answers. A lock file next to
+    the socket makes concurrent callers start one daemon; the losers connect to it."""
+    address = address or default_address()
+    info = get_info(address)
+    if info is not None:
+        return info
+    path = socket_path(address)
+    if path is None:
+        return None  # a TCP daemon is started by its operator, not by clients
+    ensure_private_dir(path.parent)
+    with open(path.parent / "compiler.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the winner starts it; the others wait here
+        info = get_info(address)
+        if info is not None:
+            return info
+        proc = spawn(address, idle_exit_s, path.parent / "daemon.log")
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            info = get_info(address, timeout=0.5)
+            if info is not None or proc.poll() is not None:
+                return info
+            time.sleep(0.05)
+    return None

@@ -1,0 +1,322 @@
+"""The CompileService: one method per RPC (protos/compile_service.proto)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from trnsim import compiler
+from trnsim.compiler.graph import GraphError, from_proto
+from trnsim.daemon.cache import ExecutableCache
+from trnsim.daemon.config import DaemonConfig
+from trnsim.daemon.inflight import InFlight, Job, Waiter
+from trnsim.daemon.workers import WorkerPool
+from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import compile_service_pb2_grpc as svc_grpc
+from trnsim.simulator.config import TARGETS, get_target
+
+log = logging.getLogger(__name__)
+MAX_LOOKUP_KEYS = 10_000
+
+
+class Stats:
+    """Counters behind the Stats RPC."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.lookups = 0
+        self.compiles = 0
+        self.failures: dict[str, int] = {}
+        self.compile_seconds: list[float] = []
+        self.seconds_saved = 0.0
+
+    def failure(self, error_class: int) -> None:
+        name = svc.ErrorClass.Name(error_class)  # type: ignore[arg-type]
+        with self.lock:
+            self.failures[name] = self.failures.get(name, 0) + 1
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class CompileService(svc_grpc.CompileServiceServicer):
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.version = compiler.compiler_version()
+        self.cache = ExecutableCache(
+            config.cache_dir / "executables",
+            config.memory_cache_bytes,
+            config.disk_cache_bytes,
+            tag=self.version,
+        )
+        self.inflight = InFlight()
+        self.stats = Stats()
+        self.started = time.time()
+        self.last_activity = time.monotonic()
+        self.draining = False
+        self._streams = 0
+        self._stream_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.pool = WorkerPool(
+            config.workers, self.inflight, self._compiled, config.compile_timeout_s
+        )
+
+    # -- Compile: a bidirectional stream per client process -------------------------------------
+    def Compile(
+        self, request_iterator: Iterator[svc.CompileRequest], context: grpc.ServicerContext
+    ) -> Iterator[svc.CompileResult]:
+        with self._lock:
+            if self._streams >= self.config.max_streams:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the daemon serves at most {self.config.max_streams} streams",
+                )
+            self._streams += 1
+            stream = next(self._stream_ids)
+        out: queue.Queue[svc.CompileResult | None] = queue.Queue()
+
+        def read() -> None:
+            try:
+                for request in request_iterator:
+                    self.last_activity = time.monotonic()
+                    self._handle(stream, request, out.put)
+            except grpc.RpcError:
+                pass  # the client went away
+            except Exception:
+                log.exception("compile stream %d failed", stream)
+            finally:
+                self.inflight.withdraw(stream)
+                out.put(None)
+
+        threading.Thread(target=read, name=f"stream-{stream}", daemon=True).start()
+        try:
+            while True:
+                item = out.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            self.inflight.withdraw(stream)
+            with self._lock:
+                self._streams -= 1
+            self.last_activity = time.monotonic()
+
+    def _handle(self, stream: int, request: svc.CompileRequest, deliver: Any) -> None:
+        with self.stats.lock:
+            self.stats.requests += 1
+        if request.cancel:
+            self.inflight.withdraw(stream, request.id)
+            return
+        error = self._check(request)
+        if error is not None:
+            self.stats.failure(error.error_class)
+            deliver(svc.CompileResult(id=request.id, error=error))
+            return
+        try:
+            key = compiler.cache_key_from_proto(
+                request.graph, get_target(request.target), request.options
+            ).digest
+        except GraphError as e:
+            self._invalid(request, deliver, e)
+            return
+        hit = self.cache.get(key)
+        if hit is not None:
+            blob, tier = hit
+            with self.stats.lock:
+                self.stats.seconds_saved += blob.compile_seconds
+            deliver(svc.CompileResult(id=request.id, cache_key=key, executable=blob, tier=tier))  # type: ignore[arg-type]
+            return
+        cached_error = self.cache.get_error(key)
+        if cached_error is not None:
+            deliver(svc.CompileResult(id=request.id, cache_key=key, error=cached_error))
+            return
+        try:
+            from_proto(request.graph)  # validate before anything is queued
+        except GraphError as e:
+            self._invalid(request, deliver, e)
+            return
+        if self.draining:
+            deliver(
+                svc.CompileResult(
+                    id=request.id,
+                    error=svc.CompileError(
+                        error_class=svc.CANCELLED,
+                        message="the daemon is shutting down; compile in process",
+                    ),
+                )
+            )
+            return
+        priority = request.priority or svc.BLOCKING
+        waiter = Waiter(stream, request.id, priority, deliver)
+        job_request = svc.CompileRequest()
+        job_request.CopyFrom(request)
+        job_request.id = 0
+        self.inflight.submit(key, job_request, waiter)
+
+    def _invalid(self, request: svc.CompileRequest, deliver: Any, e: Exception) -> None:
+        self.stats.failure(svc.INVALID_REQUEST)
+        error = svc.CompileError(error_class=svc.INVALID_REQUEST, message=f"malformed graph: {e}")
+        deliver(svc.CompileResult(id=request.id, error=error))
+
+    def _check(self, request: svc.CompileRequest) -> svc.CompileError | None:
+        if (
+            request.compiler_version != self.version
+            or request.format_version != compiler.FORMAT_VERSION
+        ):
+            return svc.CompileError(
+                error_class=svc.VERSION_MISMATCH,
+                message=(
+                    f"client compiler {request.compiler_version or '?'} (format {request.format_version}) "
+                    f"differs from the daemon's {self.version} (format {compiler.FORMAT_VERSION}); "
+                    f"compile in process or restart the daemon from the same installation"
+                ),
+            )
+        if request.target not in TARGETS:
+            return svc.CompileError(
+                error_class=svc.INVALID_REQUEST, message=f"unknown target {request.target!r}"
+            )
+        if len(request.graph.nodes) > self.config.max_nodes:
+            return svc.CompileError(
+                error_class=svc.INVALID_REQUEST,
+                message=f"{len(request.graph.nodes)} nodes, over the daemon's limit of {self.config.max_nodes}",
+            )
+        return None
+
+    def _compiled(self, job: Job, result: svc.CompileResult) -> None:
+        """A worker finished a job: cache it (or its deterministic error), answer the waiters."""
+        outcome = result.WhichOneof("outcome")
+        with self.stats.lock:
+            self.stats.compiles += 1
+            if outcome == "executable":
+                self.stats.compile_seconds.append(result.compile_seconds)
+        if outcome == "executable":
+            result.cache_key = job.key
+            result.tier = svc.COMPILED
+            self.cache.put(job.key, result.executable)
+        else:
+            self.stats.failure(result.error.error_class)
+            if result.error.error_class == svc.DETERMINISTIC:
+                self.cache.put_error(job.key, result.error, self.config.error_ttl_s)
+        waiters = self.inflight.finish(job, result)
+        if outcome == "executable" and waiters > 1:
+            with self.stats.lock:
+                self.stats.seconds_saved += (waiters - 1) * result.compile_seconds
+
+    # -- unary RPCs -------------------------------------------------------------------------------
+    def Lookup(
+        self, request: svc.LookupRequest, context: grpc.ServicerContext
+    ) -> svc.LookupResponse:
+        if (
+            request.compiler_version != self.version
+            or request.format_version != compiler.FORMAT_VERSION
+        ):
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"client compiler {request.compiler_version} differs from the daemon's {self.version}",
+            )
+        if len(request.cache_keys) > MAX_LOOKUP_KEYS:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_LOOKUP_KEYS} keys per Lookup"
+            )
+        response = svc.LookupResponse()
+        for key in request.cache_keys:
+            if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{key[:80]!r} is not a cache key (64 hex digits)",
+                )
+            hit = self.cache.get(key)
+            entry = response.entries.add(cache_key=key, found=hit is not None)
+            if hit is not None:
+                entry.executable.CopyFrom(hit[0])
+                entry.tier = hit[1]  # type: ignore[assignment]
+        with self.stats.lock:
+            self.stats.lookups += len(request.cache_keys)
+        self.last_activity = time.monotonic()
+        return response
+
+    def GetInfo(
+        self, request: svc.GetInfoRequest, context: grpc.ServicerContext
+    ) -> svc.GetInfoResponse:
+        import os
+
+        compatible = (
+            request.client_compiler_version == self.version
+            and request.client_format_version == compiler.FORMAT_VERSION
+        )
+        return svc.GetInfoResponse(
+            compiler_version=self.version,
+            format_version=compiler.FORMAT_VERSION,
+            targets=sorted(TARGETS),
+            pid=os.getpid(),
+            address=self.config.address,
+            started_at=self.started,
+            compatible=compatible,
+            cache_dir=str(self.config.cache_dir),
+        )
+
+    def Stats(self, request: svc.StatsRequest, context: grpc.ServicerContext) -> svc.StatsResponse:
+        return self.snapshot()
+
+    def snapshot(self) -> svc.StatsResponse:
+        queued, running, waiters = self.inflight.counts()
+        entries, volume = self.cache.disk_stats()
+        with self.stats.lock:
+            seconds = list(self.stats.compile_seconds)
+            response = svc.StatsResponse(
+                requests=self.stats.requests,
+                lookups=self.stats.lookups,
+                memory=self.cache.memory.counters.to_proto(
+                    len(self.cache.memory), self.cache.memory.nbytes
+                ),
+                disk=self.cache.disk_counters.to_proto(entries, volume),
+                compiles=self.stats.compiles,
+                joins=self.inflight.joins,
+                failures=self.stats.failures,
+                corrupt_entries=self.cache.corrupt,
+                queue_depth=queued,
+                in_flight=running,
+                waiters=waiters,
+                workers=self.pool.size,
+                compile_seconds_total=sum(seconds),
+                compile_seconds_p50=_percentile(seconds, 0.5),
+                compile_seconds_p99=_percentile(seconds, 0.99),
+                seconds_saved=self.stats.seconds_saved,
+                connected_clients=self._streams,
+                uptime_seconds=time.time() - self.started,
+                worker_restarts=self.pool.restarts,
+                dropped_jobs=self.inflight.dropped,
+            )
+        return response
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def idle(self) -> bool:
+        queued, running, _ = self.inflight.counts()
+        return self._streams == 0 and queued == 0 and running == 0
+
+    def drain(self, timeout_s: float) -> None:
+        """No new compiles; running ones finish (up to timeout_s); queued ones go back."""
+        self.draining = True
+        self.inflight.cancel_queued("the daemon is shutting down; compile in process")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            _, running, _ = self.inflight.counts()
+            if running == 0:
+                break
+            time.sleep(0.05)
+        self.inflight.cancel_queued("the daemon is shutting down; compile in process")
+
+    def close(self) -> None:
+        self.pool.stop()
+        self.cache.close()

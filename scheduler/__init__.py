@@ -1,0 +1,1 @@
+"""Pure policy, no I/O and no torch: graph boundaries, when to compile, job priorities."""

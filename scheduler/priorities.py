@@ -1,0 +1,34 @@
+"""The order in which the daemon compiles queued jobs (shared by daemon and clients).
+
+Blocking requests (a step waits) before background ones; then the job more processes are
+waiting for; then the oldest. A job nobody waits for any more is not compiled at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCKING = 1  # matches trnsim.service.Priority
+BACKGROUND = 2
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    priority: int  # BLOCKING or BACKGROUND (the most urgent of its waiters)
+    waiters: int
+    enqueued_at: float  # seconds, any monotonic clock
+
+
+def rank(job: QueuedJob) -> tuple[int, int, float]:
+    """Sort key: smaller runs first."""
+    urgency = 0 if job.priority == BLOCKING else 1
+    return (urgency, -job.waiters, job.enqueued_at)
+
+
+def runnable(job: QueuedJob) -> bool:
+    return job.waiters > 0
+
+
+def most_urgent(priorities: list[int]) -> int:
+    """The job's priority when several waiters asked with different ones."""
+    return BLOCKING if BLOCKING in priorities or not priorities else BACKGROUND

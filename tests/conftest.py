@@ -1,0 +1,10 @@
+"""Tests never touch the user's daemon or cache: in-process compiles unless a test starts
+its own daemon, and a throwaway cache directory."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ.setdefault("NEURON_COMPILE_DAEMON", "off")
+os.environ.setdefault("NEURON_CACHE_DIR", tempfile.mkdtemp(prefix="trnsim-test-cache-"))

@@ -1,0 +1,83 @@
+"""Starting real daemons and building compile requests for the daemon tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trnsim import compiler
+from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
+from trnsim.daemon import launcher
+from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import executable_pb2
+
+
+@dataclass
+class DaemonProcess:
+    address: str
+    cache_dir: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def start_daemon(
+    root: Path, *args: str, cache_dir: Path | None = None, env: dict[str, str] | None = None
+) -> DaemonProcess:
+    sock_dir = root / "run"
+    address = f"unix:{sock_dir / 'c.sock'}"
+    cache = cache_dir or root / "cache"
+    log = root / f"daemon-{time.monotonic_ns()}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "trnsim.daemon",
+        "--address",
+        address,
+        "--cache-dir",
+        str(cache),
+        *args,
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if launcher.get_info(address, timeout=0.5) is not None:
+            return DaemonProcess(address, cache, proc, log)
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {proc.returncode}: {log.read_text()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"daemon did not answer: {log.read_text()}")
+
+
+def graph(i: int, size: int = 64):
+    """A small distinct graph per i."""
+    b = GraphBuilder(f"g{i}")
+    x = b.input([size, size + i])
+    w = b.input([size + i, size])
+    y = b.op("aten::mm.default", x, w, out=TensorType.contiguous([size, size]))
+    return b.build(b.op("aten::relu.default", y, out=TensorType.contiguous([size, size])))
+
+
+def request(i: int, **options: object) -> svc.CompileRequest:
+    return svc.CompileRequest(
+        priority=svc.BLOCKING,
+        graph=to_proto(graph(i)),
+        target="trn2",
+        options=executable_pb2.CompileOptions(**options),  # type: ignore[arg-type]
+        compiler_version=compiler.compiler_version(),
+        format_version=compiler.FORMAT_VERSION,
+    )
