@@ -5,6 +5,7 @@ Each component is logged at debug level, so a miss can be explained by comparing
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -85,17 +86,25 @@ def cache_key_from_proto(
 
 
 def _key(graph_bytes: bytes, target: Target, options: ex.CompileOptions | None) -> CacheKey:
-    components = (
-        ("graph", _sha(graph_bytes)),
-        ("compiler_version", _sha(compiler_version().encode())),
-        ("format_version", _sha(str(FORMAT_VERSION).encode())),
-        ("target", _sha(target_bytes(target))),
-        ("options", _sha(options_bytes(options or ex.CompileOptions()))),
-    )
+    raw_options = (options or ex.CompileOptions()).SerializeToString(deterministic=True)
+    components = (("graph", _sha(graph_bytes)), *_fixed_components(target, raw_options))
     outer = hashlib.sha256()
     for name, digest in components:
         outer.update(f"{name}={digest}\n".encode())
-        log.debug("cache key component %s = %s", name, digest)
     key = CacheKey(outer.hexdigest(), components)
-    log.debug("cache key %s", key.digest)
+    if log.isEnabledFor(logging.DEBUG):
+        for name, digest in components:
+            log.debug("cache key component %s = %s", name, digest)
+        log.debug("cache key %s", key.digest)
     return key
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_components(target: Target, raw_options: bytes) -> tuple[tuple[str, str], ...]:
+    """The components other than the graph: the same for most compiles of a process."""
+    return (
+        ("compiler_version", _sha(compiler_version().encode())),
+        ("format_version", _sha(str(FORMAT_VERSION).encode())),
+        ("target", _sha(target_bytes(target))),
+        ("options", _sha(options_bytes(ex.CompileOptions.FromString(raw_options)))),
+    )

@@ -55,37 +55,39 @@ class TierCounters:
 
 
 class MemoryLRU:
-    """Key -> bytes, least recently used evicted first once over `capacity` bytes."""
+    """Key -> verified blob, least recently used evicted first once over `capacity` bytes.
+
+    Blobs enter only after their digest was checked (fresh from a worker or read from
+    disk), so a memory hit is served without hashing again."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.nbytes = 0
-        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._items: OrderedDict[str, tuple[svc.ExecutableBlob, int]] = OrderedDict()
         self.counters = TierCounters()
 
-    def get(self, key: str) -> bytes | None:
-        value = self._items.get(key)
-        if value is not None:
-            self._items.move_to_end(key)
-        return value
+    def get(self, key: str) -> svc.ExecutableBlob | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
 
-    def put(self, key: str, value: bytes) -> None:
-        if len(value) > self.capacity:
+    def put(self, key: str, blob: svc.ExecutableBlob, size: int) -> None:
+        if size > self.capacity:
             return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.nbytes -= len(old)
-        self._items[key] = value
-        self.nbytes += len(value)
+        self.discard(key)
+        self._items[key] = (blob, size)
+        self.nbytes += size
         while self.nbytes > self.capacity:
-            _, evicted = self._items.popitem(last=False)
-            self.nbytes -= len(evicted)
+            _, (_, evicted) = self._items.popitem(last=False)
+            self.nbytes -= evicted
             self.counters.evictions += 1
 
     def discard(self, key: str) -> None:
         old = self._items.pop(key, None)
         if old is not None:
-            self.nbytes -= len(old)
+            self.nbytes -= old[1]
 
     def clear(self) -> None:
         self._items.clear()
@@ -93,6 +95,9 @@ class MemoryLRU:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
 
 
 class ExecutableCache:
@@ -119,15 +124,23 @@ class ExecutableCache:
         self._lock = threading.Lock()
 
     # -- executables ----------------------------------------------------------------------------
+    def memory_get(self, key: str) -> svc.ExecutableBlob | None:
+        """The memory tier alone (never blocks on disk): for answering on the event loop."""
+        with self._lock:
+            blob = self.memory.get(key)
+        if blob is not None:
+            self.memory.counters.hits += 1
+        return blob
+
+    def in_memory(self, key: str) -> bool:
+        return key in self.memory
+
     def get(self, key: str) -> tuple[svc.ExecutableBlob, int] | None:
         with self._lock:
-            raw = self.memory.get(key)
-        if raw is not None:
-            blob = svc.ExecutableBlob.FromString(raw)
-            if blob_ok(blob):
-                self.memory.counters.hits += 1
-                return blob, svc.MEMORY
-            self._drop(key)
+            cached = self.memory.get(key)
+        if cached is not None:
+            self.memory.counters.hits += 1
+            return cached, svc.MEMORY
         raw = self._disk_get(self.EXE + key)
         if raw is None:
             return None
@@ -140,13 +153,14 @@ class ExecutableCache:
             return None
         self.disk_counters.hits += 1
         with self._lock:
-            self.memory.put(key, raw)
+            self.memory.put(key, blob, len(raw))
         return blob, svc.DISK
 
     def put(self, key: str, blob: svc.ExecutableBlob) -> None:
+        """Stores a blob whose digest the caller has checked (a worker just made it)."""
         raw = blob.SerializeToString()
         with self._lock:
-            self.memory.put(key, raw)
+            self.memory.put(key, blob, len(raw))
         before = len(self.disk)
         self.disk.set(self.EXE + key, raw, tag=self.tag or None)
         self.disk_counters.evictions += max(0, before + 1 - len(self.disk))

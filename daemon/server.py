@@ -1,14 +1,13 @@
-"""The daemon's server: create_server() for tests and embedding, serve() for the process."""
+"""The daemon's server: create_server() builds it, serve() runs it until stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import socket
-import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -48,15 +47,14 @@ def _answers(path: Path) -> bool:
 
 def create_server(
     address: str, config: DaemonConfig
-) -> tuple[grpc.Server, str, CompileService, health.HealthServicer]:
-    """A started-ready (not yet started) server bound to address ("unix:/path" or "host:port")."""
+) -> tuple[grpc.aio.Server, str, CompileService, health.aio.HealthServicer]:
+    """A bound, not yet started, asyncio server for address ("unix:/path" or "host:port").
+    Call from inside the event loop that will run it."""
     path = socket_path(address)
     if path is not None:
         _prepare_socket(path, config.system)
-    elif (
-        not config.system
-        and os.environ.get("TRNSIM_ALLOW_TCP") != "1"
-        and not address.startswith(("localhost:", "127.0.0.1:", "[::1]:"))
+    elif os.environ.get("TRNSIM_ALLOW_TCP") != "1" and not address.startswith(
+        ("localhost:", "127.0.0.1:", "[::1]:")
     ):
         raise ConfigError(
             f"TCP address {address!r}: set TRNSIM_ALLOW_TCP=1 to listen beyond loopback"
@@ -64,8 +62,7 @@ def create_server(
     config.address = address
     ensure_private_dir(config.cache_dir)
     service = CompileService(config)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_streams + 16, thread_name_prefix="grpc"),
+    server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", config.max_request_bytes),
             ("grpc.max_send_message_length", 512 * 1024 * 1024),
@@ -73,16 +70,12 @@ def create_server(
         ],
     )
     svc_grpc.add_CompileServiceServicer_to_server(service, server)
-    health_servicer = health.HealthServicer()
+    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)
     if path is None and port == 0:
         raise ConfigError(f"could not listen on {address}")
     bound = address if path is not None else f"{address.rsplit(':', 1)[0]}:{port}"
-    if path is not None:
-        os.chmod(path, 0o660 if config.system else 0o600)  # set before anyone can be served
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, bound, service, health_servicer
 
 
@@ -98,20 +91,18 @@ def notify_systemd(message: str) -> None:
         s.sendall(message.encode())
 
 
-def serve(config: DaemonConfig) -> int:
-    """Runs until SIGTERM/SIGINT (drain, then stop) or, when idle_exit_s is set, until idle."""
+async def _serve(config: DaemonConfig) -> int:
     server, bound, service, health_servicer = create_server(config.address, config)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
     socket_file = socket_path(bound)
     if socket_file is not None:
         os.chmod(socket_file, 0o660 if config.system else 0o600)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "trnsim compile daemon %s listening on %s (%d workers)",
         service.version,
@@ -119,21 +110,26 @@ def serve(config: DaemonConfig) -> int:
         config.workers,
     )
     notify_systemd("READY=1\nSTATUS=listening on " + bound)
-    idle_since = time.monotonic()
-    while not stop.wait(0.5):
-        if config.idle_exit_s is None:
-            continue
-        if not service.idle() or time.monotonic() - service.last_activity < config.idle_exit_s:
-            idle_since = time.monotonic()
-        elif time.monotonic() - idle_since >= 0:
-            log.info("idle for %.0f s with no client: exiting", config.idle_exit_s)
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
+        except TimeoutError:
+            pass
+        idle_for = time.monotonic() - service.last_activity
+        if config.idle_exit_s is not None and service.idle() and idle_for >= config.idle_exit_s:
+            log.info("idle for %.0f s with no client: exiting", idle_for)
             break
     notify_systemd("STOPPING=1")
     for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    service.drain(config.drain_timeout_s)
-    server.stop(grace=2).wait()
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await loop.run_in_executor(None, service.drain, config.drain_timeout_s)
+    await server.stop(grace=2)
     service.close()
     if socket_file is not None and socket_file.exists():
         socket_file.unlink()
     return 0
+
+
+def serve(config: DaemonConfig) -> int:
+    """Runs until SIGTERM/SIGINT (drain, then stop) or, when idle_exit_s is set, until idle."""
+    return asyncio.run(_serve(config))

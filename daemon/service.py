@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-import queue
+import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 from trnsim import compiler
 from trnsim.compiler.graph import GraphError, from_proto
-from trnsim.daemon.cache import ExecutableCache
+from trnsim.daemon.cache import ExecutableCache, blob_ok
 from trnsim.daemon.config import DaemonConfig
 from trnsim.daemon.inflight import InFlight, Job, Waiter
 from trnsim.daemon.workers import WorkerPool
@@ -23,6 +25,7 @@ from trnsim.simulator.config import TARGETS, get_target
 
 log = logging.getLogger(__name__)
 MAX_LOOKUP_KEYS = 10_000
+_HEX = frozenset("0123456789abcdef")
 
 
 class Stats:
@@ -71,53 +74,83 @@ class CompileService(svc_grpc.CompileServiceServicer):
         self.pool = WorkerPool(
             config.workers, self.inflight, self._compiled, config.compile_timeout_s
         )
+        self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="daemon-io")
 
     # -- Compile: a bidirectional stream per client process -------------------------------------
-    def Compile(
-        self, request_iterator: Iterator[svc.CompileRequest], context: grpc.ServicerContext
-    ) -> Iterator[svc.CompileResult]:
+    async def Compile(
+        self, request_iterator: AsyncIterator[svc.CompileRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.CompileResult]:
+        """Cache hits are answered on the event loop; everything else (disk, validation,
+        queueing) runs on the I/O threads; compiled results come back from the workers."""
         with self._lock:
             if self._streams >= self.config.max_streams:
-                context.abort(
+                await context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the daemon serves at most {self.config.max_streams} streams",
                 )
             self._streams += 1
             stream = next(self._stream_ids)
-        out: queue.Queue[svc.CompileResult | None] = queue.Queue()
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[svc.CompileResult | None] = asyncio.Queue()
 
-        def read() -> None:
+        def from_thread(result: svc.CompileResult) -> None:
+            loop.call_soon_threadsafe(out.put_nowait, result)
+
+        async def read() -> None:
             try:
-                for request in request_iterator:
+                async for request in request_iterator:
                     self.last_activity = time.monotonic()
-                    self._handle(stream, request, out.put)
-            except grpc.RpcError:
+                    if not self._answer_fast(stream, request, out.put_nowait):
+                        slow = loop.run_in_executor(
+                            self._io, self._handle, stream, request, from_thread
+                        )
+                        slow.add_done_callback(_log_failure)
+            except (grpc.RpcError, asyncio.CancelledError):
                 pass  # the client went away
             except Exception:
                 log.exception("compile stream %d failed", stream)
             finally:
                 self.inflight.withdraw(stream)
-                out.put(None)
+                out.put_nowait(None)
 
-        threading.Thread(target=read, name=f"stream-{stream}", daemon=True).start()
+        reader = asyncio.ensure_future(read())
         try:
             while True:
-                item = out.get()
+                item = await out.get()
                 if item is None:
                     return
                 yield item
         finally:
+            reader.cancel()
             self.inflight.withdraw(stream)
             with self._lock:
                 self._streams -= 1
             self.last_activity = time.monotonic()
 
-    def _handle(self, stream: int, request: svc.CompileRequest, deliver: Any) -> None:
+    def _answer_fast(self, stream: int, request: svc.CompileRequest, deliver: Any) -> bool:
+        """Answers from the memory tier when it can; False sends the request the slow way."""
         with self.stats.lock:
             self.stats.requests += 1
         if request.cancel:
             self.inflight.withdraw(stream, request.id)
-            return
+            return True
+        if self._check(request) is not None:
+            return False
+        try:
+            key = compiler.cache_key_from_proto(
+                request.graph, get_target(request.target), request.options
+            ).digest
+        except GraphError:
+            return False
+        blob = self.cache.memory_get(key)
+        if blob is None:
+            return False
+        with self.stats.lock:
+            self.stats.seconds_saved += blob.compile_seconds
+        deliver(svc.CompileResult(id=request.id, cache_key=key, executable=blob, tier=svc.MEMORY))
+        return True
+
+    def _handle(self, stream: int, request: svc.CompileRequest, deliver: Any) -> None:
         error = self._check(request)
         if error is not None:
             self.stats.failure(error.error_class)
@@ -200,6 +233,14 @@ class CompileService(svc_grpc.CompileServiceServicer):
             self.stats.compiles += 1
             if outcome == "executable":
                 self.stats.compile_seconds.append(result.compile_seconds)
+        if outcome == "executable" and not blob_ok(result.executable):
+            outcome = "error"  # damaged on its way from the worker: never cached
+            result.error.CopyFrom(
+                svc.CompileError(
+                    error_class=svc.TRANSIENT,
+                    message="the worker's executable failed its digest check",
+                )
+            )
         if outcome == "executable":
             result.cache_key = job.key
             result.tier = svc.COMPILED
@@ -249,7 +290,6 @@ class CompileService(svc_grpc.CompileServiceServicer):
     def GetInfo(
         self, request: svc.GetInfoRequest, context: grpc.ServicerContext
     ) -> svc.GetInfoResponse:
-        import os
 
         compatible = (
             request.client_compiler_version == self.version
@@ -266,8 +306,10 @@ class CompileService(svc_grpc.CompileServiceServicer):
             cache_dir=str(self.config.cache_dir),
         )
 
-    def Stats(self, request: svc.StatsRequest, context: grpc.ServicerContext) -> svc.StatsResponse:
-        return self.snapshot()
+    async def Stats(
+        self, request: svc.StatsRequest, context: grpc.aio.ServicerContext
+    ) -> svc.StatsResponse:
+        return await asyncio.get_running_loop().run_in_executor(self._io, self.snapshot)
 
     def snapshot(self) -> svc.StatsResponse:
         queued, running, waiters = self.inflight.counts()
@@ -319,4 +361,10 @@ class CompileService(svc_grpc.CompileServiceServicer):
 
     def close(self) -> None:
         self.pool.stop()
+        self._io.shutdown(wait=True)
         self.cache.close()
+
+
+def _log_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("handling a compile request failed", exc_info=future.exception())

@@ -97,10 +97,14 @@ def test_sensitive_to_target_options_and_versions(monkeypatch):
     other = cache_key(mlp(), TRN2, ex.CompileOptions(disable_cse=True))
     assert other.explain(base) == ["options"]
     monkeypatch.setattr(ck, "compiler_version", lambda: "9.9.9+other")
+    ck._fixed_components.cache_clear()
     assert cache_key(mlp(), TRN2).explain(base) == ["compiler_version"]
     monkeypatch.undo()
     monkeypatch.setattr(ck, "FORMAT_VERSION", 999)
+    ck._fixed_components.cache_clear()
     assert cache_key(mlp(), TRN2).explain(base) == ["format_version"]
+    monkeypatch.undo()
+    ck._fixed_components.cache_clear()
 
 
 def test_components_are_logged_at_debug(caplog):

@@ -39,6 +39,7 @@ def start_daemon(
     sock_dir = root / "run"
     address = f"unix:{sock_dir / 'c.sock'}"
     cache = cache_dir or root / "cache"
+    root.mkdir(parents=True, exist_ok=True)
     log = root / f"daemon-{time.monotonic_ns()}.log"
     cmd = [
         sys.executable,
