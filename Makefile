@@ -44,6 +44,7 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/dispatch.py
+	$(PY) benchmarks/daemon.py
 
 # All of PyTorch's OpInfo float32 samples on neuron vs CPU (about half an hour).
 conformance: setup

@@ -330,3 +330,26 @@ def test_cli_status_and_stats(daemon, capsys):
     assert "compiles" in capsys.readouterr().out
     assert cli(["--address", daemon.address, "stats", "--json"]) == 0
     assert '"compiles": "1"' in capsys.readouterr().out
+
+
+def test_client_reconnects_after_the_daemon_returns(short_tmp, monkeypatch):
+    import trnsim.client.compile_client as cc
+
+    monkeypatch.setattr(cc, "RECONNECT_AFTER_S", 0.2)
+    d = start_daemon(short_tmp, "--workers", "1")
+    client = DaemonCompileClient(d.address, auto_start=False)
+    options = executable_pb2.CompileOptions()
+    client.compile(request(1).graph, "trn2", options, None)
+    assert client.fallbacks == 0 and client.tiers == {"COMPILED": 1}
+    d.stop()
+    with pytest.warns(RuntimeWarning, match="compiling in process"):
+        client.compile(request(2).graph, "trn2", options, None)
+    assert client.fallbacks == 1
+    d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
+    try:
+        time.sleep(0.3)
+        client.compile(request(1).graph, "trn2", options, None)
+        assert client.fallbacks == 1 and client.tiers.get("DISK") == 1, client.tiers
+    finally:
+        client.close()
+        d.stop()
