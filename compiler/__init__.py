@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from trnsim.compiler import graph as ir
 from trnsim.compiler.emit import emit
+from trnsim.compiler.fusion import fuse, singletons
 from trnsim.compiler.keys import CacheKey, cache_key, cache_key_from_proto
 from trnsim.compiler.lower import Instr, Kernel, classify, lower
 from trnsim.compiler.memory_plan import MemoryPlan, MemoryPlanError, memory_plan
@@ -47,6 +48,7 @@ class Compilation:
     debug: graph_pb2.GraphDebug | None = None
     key: CacheKey | None = None
     kernels: list[Kernel] = field(default_factory=list)
+    groups: list[list[int]] = field(default_factory=list)
     plan: MemoryPlan | None = None
     instructions: list[Instr] = field(default_factory=list)
     makespan_ns: float = 0.0
@@ -91,19 +93,28 @@ def _classify(c: Compilation) -> str:
     return ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
 
 
+def _fuse(c: Compilation) -> str:
+    c.groups = singletons(c.graph) if c.options.disable_fusion else fuse(c.graph, c.kernels)
+    fused = [len(g) for g in c.groups if len(g) > 1]
+    return (
+        f"{len(c.graph.nodes)} nodes -> {len(c.groups)} kernels ({len(fused)} fused, sizes {fused})"
+    )
+
+
 def _memory_plan(c: Compilation) -> str:
     tiles = [k.sbuf_bytes for k in c.kernels]
-    c.plan = memory_plan(c.graph, tiles, c.hbm_budget, c.sbuf_budget)
+    c.plan = memory_plan(c.graph, tiles, c.hbm_budget, c.sbuf_budget, c.groups)
     p = c.plan
     return (
         f"HBM scratch {p.hbm_scratch_bytes} B after reuse (unshared {p.hbm_unshared_bytes} B), "
-        f"I/O {p.hbm_io_bytes} B, SBUF peak {p.sbuf_peak_bytes} B"
+        f"I/O {p.hbm_io_bytes} B, SBUF peak {p.sbuf_peak_bytes} B "
+        f"(fused intermediates {p.sbuf_internal_bytes} B, {p.sbuf_tiles} tile(s))"
     )
 
 
 def _lower(c: Compilation) -> str:
     assert c.plan is not None
-    c.instructions = lower(c.graph, c.kernels, c.plan, c.target)
+    c.instructions = lower(c.graph, c.kernels, c.plan, c.target, c.groups)
     return f"{len(c.instructions)} instructions"
 
 
@@ -124,6 +135,7 @@ def _emit(c: Compilation) -> str:
         c.key.digest,
         c.debug if c.options.emit_debug_info else None,
         c.log,
+        c.groups,
     )
     return f"{c.executable.ByteSize()} bytes"
 
@@ -135,6 +147,7 @@ PASSES: tuple[Pass, ...] = (
     ("dead code elimination", _dce),
     ("common subexpression elimination", _cse),
     ("classify", _classify),
+    ("fuse", _fuse),
     ("memory plan", _memory_plan),
     ("lower", _lower),
     ("list schedule", _schedule),

@@ -76,6 +76,7 @@ def emit(
     cache_key: str,
     debug: graph_pb2.GraphDebug | None,
     pass_log: list[str],
+    groups: list[list[int]] | None = None,
 ) -> ex.Executable:
     exe = ex.Executable(
         format_version=FORMAT_VERSION,
@@ -96,6 +97,9 @@ def emit(
     mp.hbm_unshared_bytes = plan.hbm_unshared_bytes
     mp.sbuf_peak_bytes = plan.sbuf_peak_bytes
     mp.hbm_io_bytes = plan.hbm_io_bytes
+    mp.sbuf_internal_bytes = plan.sbuf_internal_bytes
+    mp.sbuf_tiles = plan.sbuf_tiles
+    exe.kernels.extend(ex.FusedKernel(nodes=group) for group in groups or [])
     exe.instructions.extend(_instruction_proto(i, g, target) for i in instrs)
     for name, enum in ENGINE_ENUM.items():
         mine = sorted((i for i in instrs if i.engine == name), key=lambda i: (i.start_ns, i.id))

@@ -203,33 +203,103 @@ class _Builder:
             ins.deps[producer] = False
 
 
-def lower(g: Graph, kernels: list[Kernel], plan: MemoryPlan, target: Target) -> list[Instr]:
-    """Instructions for every node, in program order, with their dependencies."""
+def lower(
+    g: Graph,
+    kernels: list[Kernel],
+    plan: MemoryPlan,
+    target: Target,
+    groups: list[list[int]] | None = None,
+) -> list[Instr]:
+    """Instructions for every kernel (a group of nodes), in program order, with their
+    dependencies. A one-node kernel loads its inputs, computes and stores its outputs; a
+    fused kernel loads what comes from HBM once, chains its nodes through SBUF and stores
+    only what leaves it."""
     b = _Builder(plan)
-    for i, (node, k) in enumerate(zip(g.nodes, kernels, strict=True)):
-        reads = [plan.buffer_of[v] for v in node.tensor_args()]
-        writes = [plan.buffer_of[Value(i, j)] for j in range(len(node.outputs))]
-        writes += [plan.buffer_of[v] for v in _written_args(node)]
-        if k.klass == C.VIEW:
-            writes = [w for w in writes if plan.buffers[w].role != ex.ALIAS]
-            b.add("none", k.klass, k.cost, i, reads, writes)
-            continue
-        if k.klass in (C.DMA_COPY, C.COLLECTIVE):
-            b.add("dma", k.klass, k.cost, i, reads, writes).nbytes = k.load_bytes
-            continue
-        load = None
-        if k.load_bytes:
-            load = b.add("dma", C.DMA_LOAD, cost_model.dma(target, k.load_bytes), None, reads, [])
-            load.nbytes = k.load_bytes
-        engine = op_table.ENGINE_OF_CLASS[k.klass]
-        compute = b.add(engine, k.klass, k.cost, i, reads, [], None if load is None else load.id)
-        compute.flops = k.flops
-        compute.nbytes = k.load_bytes + k.store_bytes
-        store_cost = cost_model.dma(target, k.store_bytes)
-        store = b.add("dma", C.DMA_STORE, store_cost, None, [], writes, compute.id)
-        store.nbytes = k.store_bytes
+    for group in groups or [[i] for i in range(len(g.nodes))]:
+        if len(group) == 1:
+            _lower_node(b, g, group[0], kernels[group[0]], plan, target)
+        else:
+            _lower_group(b, g, group, kernels, plan, target)
     _add_reuse_deps(b, plan)
     return b.instrs
+
+
+def _node_buffers(g: Graph, i: int, plan: MemoryPlan) -> tuple[list[int], list[int]]:
+    node = g.nodes[i]
+    reads = [plan.buffer_of[v] for v in node.tensor_args()]
+    writes = [plan.buffer_of[Value(i, j)] for j in range(len(node.outputs))]
+    writes += [plan.buffer_of[v] for v in _written_args(node)]
+    return reads, writes
+
+
+def _lower_node(b: _Builder, g: Graph, i: int, k: Kernel, plan: MemoryPlan, target: Target) -> None:
+    reads, writes = _node_buffers(g, i, plan)
+    if k.klass == C.VIEW:
+        writes = [w for w in writes if plan.buffers[w].role != ex.ALIAS]
+        b.add("none", k.klass, k.cost, i, reads, writes)
+        return
+    if k.klass in (C.DMA_COPY, C.COLLECTIVE):
+        b.add("dma", k.klass, k.cost, i, reads, writes).nbytes = k.load_bytes
+        return
+    load = None
+    if k.load_bytes:
+        load = b.add("dma", C.DMA_LOAD, cost_model.dma(target, k.load_bytes), None, reads, [])
+        load.nbytes = k.load_bytes
+    engine = op_table.ENGINE_OF_CLASS[k.klass]
+    compute = b.add(engine, k.klass, k.cost, i, reads, [], None if load is None else load.id)
+    compute.flops = k.flops
+    compute.nbytes = k.load_bytes + k.store_bytes
+    store_cost = cost_model.dma(target, k.store_bytes)
+    store = b.add("dma", C.DMA_STORE, store_cost, None, [], writes, compute.id)
+    store.nbytes = k.store_bytes
+
+
+def _lower_group(
+    b: _Builder, g: Graph, group: list[int], kernels: list[Kernel], plan: MemoryPlan, target: Target
+) -> None:
+    inside = set(group)
+    in_sbuf = {x.id for x in plan.buffers if x.memory == ex.SBUF}
+    external: list[int] = []
+    load_bytes = 0
+    for i in group:
+        node, k = g.nodes[i], kernels[i]
+        args = list(node.tensor_args())
+        total = sum(g.type_of(v).nbytes for v in args)
+        outside = [v for v in args if v.node is None or v.node not in inside]
+        if total:  # the node's share of HBM traffic for operands made outside the kernel
+            load_bytes += k.load_bytes * sum(g.type_of(v).nbytes for v in outside) // total
+        external += [plan.buffer_of[v] for v in outside]
+    load = None
+    if load_bytes:
+        load = b.add("dma", C.DMA_LOAD, cost_model.dma(target, load_bytes), None, external, [])
+        load.nbytes = load_bytes
+    leaving: list[int] = []
+    store_bytes = 0
+    previous = load
+    for i in group:
+        k = kernels[i]
+        reads, writes = _node_buffers(g, i, plan)
+        resident = [w for w in writes if plan.root(w).id in in_sbuf]
+        leaving += [w for w in writes if plan.root(w).id not in in_sbuf]
+        store_bytes += sum(
+            plan.buffers[w].size
+            for w in writes
+            if plan.root(w).id not in in_sbuf and plan.buffers[w].role != ex.ALIAS
+        )
+        store_bytes += sum(g.type_of(v).nbytes for v in _written_args(g.nodes[i]))
+        engine = "none" if k.klass == C.VIEW else op_table.ENGINE_OF_CLASS[k.klass]
+        compute = b.add(
+            engine, k.klass, k.cost, i, reads, resident, None if previous is None else previous.id
+        )
+        compute.flops = k.flops
+        compute.nbytes = k.load_bytes + k.store_bytes
+        if engine != "none":
+            previous = compute
+    if leaving and previous is not None:
+        store = b.add(
+            "dma", C.DMA_STORE, cost_model.dma(target, store_bytes), None, [], leaving, previous.id
+        )
+        store.nbytes = store_bytes
 
 
 def _add_reuse_deps(b: _Builder, plan: MemoryPlan) -> None:

@@ -35,6 +35,8 @@ class MemoryPlan:
     hbm_unshared_bytes: int = 0
     sbuf_peak_bytes: int = 0
     hbm_io_bytes: int = 0
+    sbuf_internal_bytes: int = 0
+    sbuf_tiles: int = 1
 
     def root(self, buffer_id: int) -> PlannedBuffer:
         """The buffer that owns the memory of buffer_id (following ALIAS links)."""
@@ -113,13 +115,38 @@ def _extend_lifetimes(g: Graph, plan: MemoryPlan) -> None:
             root.role = ex.OUTPUT
 
 
-def memory_plan(g: Graph, sbuf_tiles: list[int], hbm_budget: int, sbuf_budget: int) -> MemoryPlan:
-    """Plans HBM for the graph's values and SBUF for each node's staging tiles.
+def _keep_in_sbuf(g: Graph, plan: MemoryPlan, groups: list[list[int]]) -> None:
+    """INTERNAL values read only inside the kernel that made them live in SBUF."""
+    group_of = {n: gi for gi, nodes in enumerate(groups) for n in nodes}
+    readers: dict[int, set[int]] = {}
+    for i, node in enumerate(g.nodes):
+        for v in node.tensor_args():
+            readers.setdefault(plan.root(plan.buffer_of[v]).id, set()).add(group_of[i])
+    for b in plan.buffers:
+        if b.role != ex.INTERNAL or b.value is None or b.value.node is None:
+            continue
+        home = group_of[b.value.node]
+        if readers.get(b.id, set()) <= {home} and len(groups[home]) > 1:
+            b.memory = ex.SBUF
 
-    sbuf_tiles[i] is the SBUF working set node i needs (double-buffered tiles).
+
+def memory_plan(
+    g: Graph,
+    sbuf_tiles: list[int],
+    hbm_budget: int,
+    sbuf_budget: int,
+    groups: list[list[int]] | None = None,
+) -> MemoryPlan:
+    """Plans HBM for the graph's values, SBUF for fused intermediates and for each node's
+    staging tiles. sbuf_tiles[i] is the SBUF working set node i needs (double-buffered).
+
+    Fused intermediates that do not fit SBUF are tiled: each kernel runs in `sbuf_tiles`
+    passes over slices of its data, so a slice of every intermediate is live at a time.
     """
     plan = plan_values(g)
-    internal = [b for b in plan.buffers if b.role == ex.INTERNAL]
+    if groups is not None:
+        _keep_in_sbuf(g, plan, groups)
+    internal = [b for b in plan.buffers if b.role == ex.INTERNAL and b.memory == ex.HBM]
     plan.hbm_scratch_bytes = assign_offsets(internal)
     plan.hbm_unshared_bytes = sum(_align(b.size) for b in internal)
     plan.hbm_io_bytes = sum(b.size for b in plan.buffers if b.role in (ex.INPUT, ex.OUTPUT))
@@ -128,7 +155,16 @@ def memory_plan(g: Graph, sbuf_tiles: list[int], hbm_budget: int, sbuf_budget: i
         for i, size in enumerate(sbuf_tiles)
         if size
     ]
-    plan.sbuf_peak_bytes = assign_offsets(tiles)
+    resident = [b for b in plan.buffers if b.role == ex.INTERNAL and b.memory == ex.SBUF]
+    full = {b.id: b.size for b in resident}
+    while True:
+        plan.sbuf_internal_bytes = assign_offsets(resident)
+        plan.sbuf_peak_bytes = assign_offsets([*resident, *tiles])
+        if plan.sbuf_peak_bytes <= sbuf_budget or not resident or plan.sbuf_tiles >= 1 << 20:
+            break
+        plan.sbuf_tiles *= 2  # halve every resident slice and plan again
+        for b in resident:
+            b.size = max(ALIGNMENT, -(-full[b.id] // plan.sbuf_tiles))
     need = plan.hbm_scratch_bytes + plan.hbm_io_bytes
     if need > hbm_budget:
         raise MemoryPlanError(

@@ -81,6 +81,7 @@ def test_pass_list_is_ordered_and_logged():
         "dead code elimination",
         "common subexpression elimination",
         "classify",
+        "fuse",
         "memory plan",
         "lower",
         "list schedule",

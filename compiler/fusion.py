@@ -1,0 +1,55 @@
+"""Fusion: consecutive nodes that feed each other become one kernel whose intermediates
+stay in SBUF (no HBM round trip, no launch of their own).
+
+Groups are runs in program order: elementwise chains, reductions with their producers,
+a matmul with its epilogue (bias, activation, residual add), norm layers. A matmul, a
+copy, a gather or a collective starts a group of its own.
+"""
+
+from __future__ import annotations
+
+from trnsim.compiler.graph import Graph
+from trnsim.compiler.lower import Kernel
+from trnsim.protos import executable_pb2 as ex
+
+C = ex.InstructionClass
+JOINS = frozenset(
+    {
+        C.TENSOR_TENSOR,
+        C.TENSOR_SCALAR,
+        C.ACTIVATION,
+        C.REDUCTION,
+        C.NORMALIZATION,
+        C.VIEW,
+        C.GENERIC,
+    }
+)
+MAX_GROUP = 64
+
+
+def fuse(g: Graph, kernels: list[Kernel]) -> list[list[int]]:
+    """Node indices per kernel, in program order; every node in exactly one group."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    in_current: set[int] = set()
+    for i, (node, k) in enumerate(zip(g.nodes, kernels, strict=True)):
+        feeds = any(v.node is not None and v.node in in_current for v in node.tensor_args())
+        if (
+            current
+            and k.klass in JOINS
+            and (feeds or k.klass == C.VIEW)
+            and len(current) < MAX_GROUP
+        ):
+            current.append(i)
+            in_current.add(i)
+            continue
+        if current:
+            groups.append(current)
+        current, in_current = [i], {i}
+    if current:
+        groups.append(current)
+    return groups
+
+
+def singletons(g: Graph) -> list[list[int]]:
+    return [[i] for i in range(len(g.nodes))]
