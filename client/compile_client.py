@@ -93,16 +93,9 @@ class DaemonCompileClient:
         debug: graph_pb2.GraphDebug | None,
         priority: int = svc.BLOCKING,
     ) -> executable_pb2.Executable:
-        request = svc.CompileRequest(
-            priority=priority,  # type: ignore[arg-type]
-            graph=graph,
-            target=target,
-            options=options,
-            compiler_version=self.version,
-            format_version=compiler.FORMAT_VERSION,
+        request = compile_request(
+            graph, target, options, debug, background=priority == svc.BACKGROUND
         )
-        if debug is not None:
-            request.debug.CopyFrom(debug)
         try:
             result = self.submit(request).result()
         except DaemonUnavailable as e:
@@ -228,6 +221,26 @@ class DaemonCompileClient:
 
     def close(self) -> None:
         self._lost("closed")
+
+
+def compile_request(
+    graph: graph_pb2.Graph,
+    target: str,
+    options: executable_pb2.CompileOptions,
+    debug: graph_pb2.GraphDebug | None,
+    background: bool = False,
+) -> svc.CompileRequest:
+    request = svc.CompileRequest(
+        priority=svc.BACKGROUND if background else svc.BLOCKING,
+        graph=graph,
+        target=target,
+        options=options,
+        compiler_version=compiler.compiler_version(),
+        format_version=compiler.FORMAT_VERSION,
+    )
+    if debug is not None:
+        request.debug.CopyFrom(debug)
+    return request
 
 
 def make_client() -> CompileClient:

@@ -67,6 +67,13 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
+def _flushed() -> runtime.Runtime:
+    """The runtime, with anything recorded (adaptive mode) enqueued first."""
+    rt = runtime.get()
+    rt.flush("sync")
+    return rt
+
+
 def synchronize(device: Any = None) -> None:
     """Waits (in simulated time) until every queue of the core is empty."""
     runtime.get().synchronize()
@@ -74,23 +81,23 @@ def synchronize(device: Any = None) -> None:
 
 # -- memory -----------------------------------------------------------------------------------
 def memory_allocated(device: Any = None) -> int:
-    return runtime.get().allocator.allocated_bytes
+    return _flushed().allocator.allocated_bytes
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return runtime.get().allocator.peak_allocated_bytes
+    return _flushed().allocator.peak_allocated_bytes
 
 
 def memory_reserved(device: Any = None) -> int:
-    return runtime.get().allocator.reserved_bytes
+    return _flushed().allocator.reserved_bytes
 
 
 def max_memory_reserved(device: Any = None) -> int:
-    return runtime.get().allocator.stats()["peak_reserved_bytes"]
+    return _flushed().allocator.stats()["peak_reserved_bytes"]
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    s = runtime.get().allocator.stats()
+    s = _flushed().allocator.stats()
     return {
         "allocated_bytes.all.current": s["allocated_bytes"],
         "allocated_bytes.all.peak": s["peak_allocated_bytes"],
@@ -187,7 +194,7 @@ class Stream:
         runtime.get().synchronize(self.stream_id)
 
     def query(self) -> bool:
-        return runtime.get().timeline.queue_depth(self.stream_id) == 0
+        return _flushed().timeline.queue_depth(self.stream_id) == 0
 
     def record_event(self, event: Event | None = None) -> Event:
         event = event or Event()
@@ -195,7 +202,7 @@ class Stream:
         return event
 
     def wait_event(self, event: Event) -> None:
-        runtime.get().timeline.stream_wait_event(event._event, self.stream_id)
+        _flushed().timeline.stream_wait_event(event._event, self.stream_id)
 
     def wait_stream(self, stream: Stream) -> None:
         self.wait_event(stream.record_event())
@@ -245,16 +252,16 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> None:
         s = stream or current_stream()
-        runtime.get().timeline.record_event(self._event, s.stream_id)
+        _flushed().timeline.record_event(self._event, s.stream_id)
 
     def wait(self, stream: Stream | None = None) -> None:
         (stream or current_stream()).wait_event(self)
 
     def query(self) -> bool:
-        return runtime.get().timeline.event_query(self._event)
+        return _flushed().timeline.event_query(self._event)
 
     def synchronize(self) -> None:
-        rt = runtime.get()
+        rt = _flushed()
         rt.timeline.event_synchronize(self._event)
         rt.metrics.counts["sync_waits"] += 1
 

@@ -15,6 +15,8 @@ import torch
 from trnsim.client import memory, runtime
 from trnsim.client.errors import check_device_index, execution_error, user_frame
 from trnsim.client.memory import to_device
+from trnsim.client.recorder import NOT_RECORDED
+from trnsim.compiler import op_table
 from trnsim.compiler.graph import (
     Alias,
     ArgValue,
@@ -106,7 +108,10 @@ def _view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     rt = runtime.get()
     rt.metrics.counts["ops_dispatched"] += 1
     rt.metrics.counts["view_ops"] += 1
-    return spec.op.redispatch(META, *args, **kwargs)
+    result = spec.op.redispatch(META, *args, **kwargs)
+    if rt.recorder is not None and rt.recorder.ops:
+        rt.recorder.view(spec, args, kwargs, result)
+    return result
 
 
 # -- signatures ---------------------------------------------------------------------------------
@@ -160,6 +165,11 @@ def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         rt.signatures[key] = entry
     else:
         counts["cache_hits"] += 1
+    recorder = rt.recorder
+    if recorder is not None:
+        result = recorder.offer(spec, entry, tensors, scalars)
+        if result is not NOT_RECORDED:
+            return result
     nbytes = entry.one_fresh_output
     if nbytes is not None:  # the hot path: one new tensor out
         host = rt.host_alias
@@ -216,6 +226,9 @@ def _execute(
         elif kind == "write":
             next(flat)
             results.append(tensors[size])
+        elif kind == "none":
+            next(flat)
+            results.append(None)
         else:  # a Python value: the host needed the device's answer
             rt.synchronize()
             results.append(next(flat))
@@ -327,6 +340,7 @@ def _build(
     out_types: list[TensorType] = []
     aliases: list[Alias] = []
     out_args: list[int] = []
+    fresh: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = []
     n_returns = len(spec.returns_tensor)
     for j in range(n_returns):
         meta = meta_out[j] if meta_out is not None and j < len(meta_out) else None
@@ -340,9 +354,14 @@ def _build(
         elif isinstance(meta, (list, tuple)):
             returns.append(("list", [_nbytes(m) for m in meta]))
             out_types.extend(tensor_type(m) for m in meta)
+            fresh.extend(_meta_of(m) for m in meta)
         elif isinstance(meta, Tensor):
             returns.append(("fresh", _nbytes(meta)))
             out_types.append(tensor_type(meta))
+            fresh.append(_meta_of(meta))
+        elif spec.returns_tensor[j] and not dynamic:
+            returns.append(("none", None))  # an optional output the op did not produce
+            out_types.append(_DYNAMIC)
         elif spec.returns_tensor[j]:
             returns.append(("fresh", 0))  # data-dependent: sized after the run
             out_types.append(_DYNAMIC)
@@ -363,7 +382,19 @@ def _build(
     path, line, function = user_frame()
     debug = graph_pb2.GraphDebug(name=spec.name)
     debug.node_locations.add(file=path, line=line, function=function)
-    return runtime.Entry(rt.executable_for(graph, debug), returns, dynamic, out_args)
+    fusible = (
+        not dynamic
+        and not out_args
+        and all(kind in ("fresh", "list", "write", "none") for kind, _ in returns)
+        and op_table.fusible(node.op)
+    )
+    return runtime.Entry(
+        rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible
+    )
+
+
+def _meta_of(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:
+    return tuple(t.shape), tuple(t.stride()), t.dtype
 
 
 def _nbytes(t: Tensor) -> int:
@@ -386,7 +417,8 @@ def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     if dst.is_cpu:  # device -> host: the host needs the device's results
         rt.device_to_host(src.numel() * src.element_size())
         transfer(dst, memory.to_host_alias(src))
-    else:  # host -> device
+    else:  # host -> device: recorded ops must not see the new data early, or late
+        rt.flush("hazard")
         rt.host_to_device(src.numel() * src.element_size())
         transfer(memory.to_host_alias(dst), src, non_blocking)
     return dst
@@ -448,6 +480,7 @@ def _resize(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """resize_: metadata only when the storage is big enough, else a new storage that keeps
     the old contents (device storages cannot grow in place)."""
     self, size = args[0], list(args[1])
+    runtime.get().flush("hazard")
     runtime.get().metrics.counts["ops_dispatched"] += 1
     numel = 1
     for s in size:
@@ -470,6 +503,7 @@ def _resize(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _metadata(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    runtime.get().flush("hazard")  # recorded ops read the tensor as it is now
     runtime.get().metrics.counts["ops_dispatched"] += 1
     return spec.op.redispatch(CPU_KERNEL, *args, **kwargs)
 
@@ -480,6 +514,7 @@ def _no_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _inplace_view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """t_, transpose_, squeeze_...: change the tensor's own sizes and strides, no data."""
+    runtime.get().flush("hazard")  # recorded ops read the tensor as it is now
     runtime.get().metrics.counts["ops_dispatched"] += 1
     runtime.get().metrics.counts["view_ops"] += 1
     return spec.op.redispatch(META, *args, **kwargs)

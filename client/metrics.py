@@ -15,6 +15,17 @@ COUNTERS = (
     "h2d_bytes",
     "d2h_bytes",
     "dynamic_shape_ops",  # ops whose output shape depends on data (a sync point)
+    # Adaptive mode (NEURON_EAGER=adaptive); cut reasons are counted as cut_<reason>.
+    "ops_recorded",
+    "graphs_formed",
+    "op_by_op_graphs",  # graphs run op by op (first sight, or their fused compile not ready)
+    "op_by_op_ops",
+    "fused_executions",  # graphs run as one fused executable
+    "fused_ops",  # ops those fused executions covered
+    "fused_compiles_requested",
+    "fused_compiles_ready",
+    "fused_compiles_failed",
+    "internal_outputs",  # recorded outputs nobody could observe: never in HBM
 )
 
 
@@ -23,5 +34,8 @@ class Metrics:
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
     def reset(self) -> None:
-        for name in self.counts:
-            self.counts[name] = 0
+        for name in list(self.counts):
+            if name in COUNTERS:
+                self.counts[name] = 0
+            else:
+                del self.counts[name]

@@ -15,7 +15,7 @@ from trnsim.client.errors import out_of_memory
 from trnsim.client.memory import to_host_alias
 from trnsim.client.metrics import Metrics
 from trnsim.compiler import cache_key
-from trnsim.compiler.graph import Graph, to_proto
+from trnsim.compiler.graph import Graph, Node, to_proto
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import cost_model, execute
 from trnsim.simulator.config import Target, get_target
@@ -36,6 +36,11 @@ class Entry:
     ]  # ("fresh", nbytes) | ("list", [nbytes]) | ("write", i) | ("value", None)
     dynamic: bool  # output shape depends on data: a sync point
     out_args: list[int]  # tensor indices of out= arguments (computed on the CPU, copied back)
+    # The op as a graph node (inputs Value(None, k) = k-th tensor argument, ScalarInput(s) =
+    # s-th float) and the metadata of each new output: what the recorder needs.
+    node: Node | None = None
+    fresh: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = field(default_factory=list)
+    fusible: bool = False
 
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)
@@ -68,6 +73,16 @@ class Runtime:
         # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
         self.hosts: dict[int, torch.Tensor] = {}
         self.lock = threading.RLock()
+        self.recorder: Any = None  # the adaptive-mode Recorder (client/recorder.py), or None
+        if settings.eager_mode == "adaptive":
+            from trnsim.client.recorder import Recorder
+
+            self.recorder = Recorder(self)
+
+    def flush(self, reason: str) -> None:
+        """Runs whatever the adaptive recorder holds (a sync point or a hazard)."""
+        if self.recorder is not None:
+            self.recorder.flush(reason)
 
     # -- memory -------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Block:
@@ -145,6 +160,7 @@ class Runtime:
             self.metrics.counts["launches"] += 1
 
     def synchronize(self, stream: int | None = None) -> None:
+        self.flush("sync")
         self.timeline.synchronize(stream)
         self.metrics.counts["sync_waits"] += 1
 
@@ -154,11 +170,12 @@ class Runtime:
         self.metrics.counts["h2d_bytes"] += nbytes
 
     def device_to_host(self, nbytes: int) -> None:
-        self.synchronize()
+        self.synchronize()  # flushes the recorder too
         self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
         self.metrics.counts["d2h_bytes"] += nbytes
 
     def snapshot(self) -> dict[str, int]:
+        self.flush("sync")
         return {**self.metrics.counts, **self.timeline.snapshot()}
 
 

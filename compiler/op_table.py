@@ -127,6 +127,18 @@ def has_side_effects(op: str) -> bool:
     return base_name(op) in _SIDE_EFFECTS
 
 
+_NOT_FUSIBLE = frozenset(
+    ["_assert_async", "_assert_scalar", "_print", "_local_scalar_dense", "set_", "resize_", "item"]
+)
+
+
+def fusible(op: str) -> bool:
+    """Whether the op may be part of a recorded graph (adaptive mode): everything but
+    communication and host-visible side effects."""
+    name = base_name(op)
+    return TABLE.get(name) != C.COLLECTIVE and name not in _NOT_FUSIBLE
+
+
 def is_known(op: str) -> bool:
     return base_name(op) in TABLE
 

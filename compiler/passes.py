@@ -44,16 +44,18 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
     """Merges nodes that compute the same op on the same values with the same arguments.
 
     Nodes with side effects (in-place writes, random numbers, collectives) are never merged,
-    and nothing is merged across a write, since a write may change what an input holds.
+    nothing is merged across a write (it may change what an input holds), and a node whose
+    result is written later (directly or through a view) keeps its own memory.
     """
     mapping: dict[Value, Value] = {}
     seen: dict[bytes, int] = {}
     kept: list[int] = []
     nodes = list(g.nodes)
+    mutated = _mutated_nodes(g)
     for i, node in enumerate(nodes):
         node = remap_node(node, mapping)
         nodes[i] = node
-        if _keep(node):
+        if _keep(node) or i in mutated:
             seen.clear()  # a write may change any value an earlier node read
             kept.append(i)
             continue
@@ -67,6 +69,25 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
         kept.append(i)
     g = replace(g, nodes=tuple(nodes), outputs=tuple(mapping.get(v, v) for v in g.outputs))
     return _select(g, kept)
+
+
+def _mutated_nodes(g: Graph) -> set[int]:
+    """Nodes whose outputs some later node writes, following views back to their base."""
+    base: dict[Value, Value] = {}
+    for i, node in enumerate(g.nodes):
+        for a in node.aliases:
+            source = node.args[a.argument][1]
+            if isinstance(source, Value):
+                base[Value(i, a.output)] = base.get(source, source)
+    mutated: set[int] = set()
+    for node in g.nodes:
+        for a in node.aliases:
+            source = node.args[a.argument][1]
+            if a.writes and isinstance(source, Value):
+                root = base.get(source, source)
+                if root.node is not None:
+                    mutated.add(root.node)
+    return mutated
 
 
 def _node_key(node: Node) -> bytes:

@@ -41,7 +41,9 @@ class NextOp:
     hazard: bool = False
 
 
-def decide(buffered: int, buffer_stream: int, op: NextOp, queue_depth: int, policy: Policy = Policy()) -> Cut:
+def decide(
+    buffered: int, buffer_stream: int, op: NextOp, queue_depth: int, policy: Policy = Policy()
+) -> Cut:
     """What to do before recording `op` behind `buffered` ops recorded on buffer_stream.
 
     Boundaries depend on the op stream (and only on a long buffer meeting a drained

@@ -35,7 +35,9 @@ def predicted_saving_ns(ops: int, launch_ns: float, dispatch_ns: float, record_n
     return max(0.0, (ops - 1) * launch_ns + ops * (dispatch_ns - record_ns))
 
 
-def should_request(history: GraphHistory, saving_ns: float, compile_ns: float, shared_cache: bool) -> bool:
+def should_request(
+    history: GraphHistory, saving_ns: float, compile_ns: float, shared_cache: bool
+) -> bool:
     if history.failed or history.requested or history.ready:
         return False
     if history.seen >= 2:

@@ -276,7 +276,7 @@ def _flatten(result: Any) -> list[Any]:
         return out
     if isinstance(result, list):
         return result
-    return [result]
+    return [] if result is None else [result]
 
 
 def load(exe: executable_pb2.Executable) -> LoadedExecutable:

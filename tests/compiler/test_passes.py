@@ -64,3 +64,14 @@ def test_cse_never_merges_random_ops_or_across_writes():
     e2 = b.op("aten::exp.default", x, out=f32(8))  # x changed in between: not the same value
     g = eliminate_common_subexpressions(b.build(r1, r2, e1, e2))
     assert len(g.nodes) == 5
+
+
+def test_cse_keeps_apart_values_that_are_written_later():
+    b = GraphBuilder()
+    x = b.input([8])
+    z1 = b.op("aten::zeros_like.default", x, out=f32(8))
+    z2 = b.op("aten::zeros_like.default", x, out=f32(8))
+    v = b.op("aten::view.default", z1, (8,), out=f32(8), aliases=[Alias(0, 0)])
+    b.op("aten::add_.Tensor", v, x, out=f32(8), aliases=[Alias(0, 0, writes=True)])
+    g = eliminate_common_subexpressions(b.build(z1, z2))
+    assert [n.op for n in g.nodes].count("aten::zeros_like.default") == 2

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
 from trnsim.scheduler.boundaries import Cut, NextOp, Policy, decide
-from trnsim.scheduler.compile_policy import GraphHistory, predicted_compile_ns, predicted_saving_ns, should_request
+from trnsim.scheduler.compile_policy import (
+    GraphHistory,
+    predicted_compile_ns,
+    predicted_saving_ns,
+    should_request,
+)
 
 P = Policy(size_cap=8, low_water=1, drain_min_ops=4)
 OK = NextOp(fusible=True, dynamic=False, stream=0)
@@ -53,4 +57,8 @@ def test_should_request(history, saving, compile_ns, shared, expected):
 
 def test_predictions_grow_with_size():
     assert predicted_compile_ns(100) > predicted_compile_ns(10)
-    assert predicted_saving_ns(10, 15_000, 20_000, 1_500) > predicted_saving_ns(2, 15_000, 20_000, 1_500) > 0
+    assert (
+        predicted_saving_ns(10, 15_000, 20_000, 1_500)
+        > predicted_saving_ns(2, 15_000, 20_000, 1_500)
+        > 0
+    )
