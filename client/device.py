@@ -272,6 +272,17 @@ class Event:
         return sim_device.Timeline.elapsed_ns(self._event, end_event._event) / 1e6
 
 
+# -- execution mode ---------------------------------------------------------------------------
+def set_eager_mode(mode: str) -> None:
+    """ "eager" (each op its own launch) or "adaptive" (recorded graphs, fused when they
+    recur); the default comes from NEURON_EAGER. Whatever was recorded runs first."""
+    runtime.get().set_mode(mode)
+
+
+def get_eager_mode() -> str:
+    return str(runtime.get().mode)
+
+
 # -- counters ---------------------------------------------------------------------------------
 def metrics() -> dict[str, int]:
     """Counters and simulated times (ns): ops, compiles, cache hits, launches, sync waits,

@@ -11,6 +11,7 @@ COUNTERS = (
     "cache_misses",  # ops that needed an executable looked up or compiled
     "executable_cache_hits",  # signature misses served by an executable already loaded
     "launches",  # executables enqueued on the device
+    "hbm_bytes",  # bytes those executables move to and from HBM (modelled)
     "sync_waits",  # times the host waited for the device
     "h2d_bytes",
     "d2h_bytes",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,13 +47,28 @@ class RecOp:
     """One recorded op: its per-op entry, its tensor arguments and where each came from."""
 
     name: str
-    node: Node  # wired into the buffer: inputs are buffer inputs or earlier nodes' outputs
+    # Where each tensor argument comes from (a buffer input or an earlier node's output) and
+    # where this op's floats start among the graph's scalars: the node is built from these
+    # only when a fused compile is asked for.
+    wiring: tuple[Value, ...]
+    scalar_offset: int
     entry: Any  # runtime.Entry (None for views)
     tensors: list[Tensor]
     scalars: list[Any]
-    outputs: list[Tensor]  # new tensors this op made (preallocated), in output order
+    # The new tensors this op made, held weakly: a strong reference would keep a gradient
+    # from being stolen by AccumulateGrad (it clones tensors someone else holds).
+    refs: list[weakref.ref[Tensor]]
+    storages: list[Any]  # their storages (held: an alias may outlive the tensor)
     hosts: list[Tensor]  # the CPU tensors whose memory those outputs are
+    types: list[TensorType]
     location: tuple[str, int, str]
+    view: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None  # views: (spec, args, kwargs)
+
+    def node(self) -> Node:
+        if self.view is not None:
+            return _view_node(self)
+        wiring = {Value(None, k): v for k, v in enumerate(self.wiring)}
+        return _shift_scalars(remap_node(self.entry.node, wiring), self.scalar_offset)
 
 
 @dataclass
@@ -75,20 +91,20 @@ class Recorder:
 
     def _reset(self) -> None:
         self.ops: list[RecOp] = []
-        self.values: dict[int, Value] = {}  # id(tensor) -> the graph value it holds now
+        # id(tensor) -> (the graph value it holds now, a weak reference to check the id)
+        self.values: dict[int, tuple[Value, weakref.ref[Tensor]]] = {}
         self.inputs: list[Tensor] = []
         self.input_index: dict[int, int] = {}
         self.storages: set[int] = set()  # storages of tensors made in this buffer
         self.parts: list[Any] = []  # the graph's signature, op by op
+        self.n_scalars = 0
         self.stream = self.rt.stream
 
     # -- recording ------------------------------------------------------------------------------
     def offer(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
         hazard = any(
-            id(t) not in self.values
-            and not t.is_cpu
-            and t.untyped_storage().data_ptr() in self.storages
+            not self._known(t) and not t.is_cpu and t.untyped_storage().data_ptr() in self.storages
             for t in tensors
         )
         op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard)
@@ -101,10 +117,14 @@ class Recorder:
             return NOT_RECORDED
         return self._record(spec, entry, tensors, scalars)
 
+    def _known(self, t: Tensor) -> bool:
+        entry = self.values.get(id(t))
+        return entry is not None and entry[1]() is t
+
     def _wire(self, t: Tensor) -> Value:
-        value = self.values.get(id(t))
-        if value is not None:
-            return value
+        entry = self.values.get(id(t))
+        if entry is not None and entry[1]() is t:  # (an id can be reused once its tensor dies)
+            return entry[0]
         index = self.input_index.get(id(t))
         if index is None:
             index = self.input_index[id(t)] = len(self.inputs)
@@ -114,17 +134,29 @@ class Recorder:
     def _record(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
         rt = self.rt
         i = len(self.ops)
-        wiring = {Value(None, k): self._wire(t) for k, t in enumerate(tensors)}
-        offset = sum(len(op.scalars) for op in self.ops)
-        node = _shift_scalars(remap_node(entry.node, wiring), offset)
+        wire = self._wire
+        wiring = tuple([wire(t) for t in tensors])
         hosts = [
             torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in entry.fresh
         ]
         outputs = [to_device(h) for h in hosts]
         self.ops.append(
-            RecOp(spec.name, node, entry, tensors, scalars, outputs, hosts, user_frame())
+            RecOp(
+                spec.name,
+                wiring,
+                self.n_scalars,
+                entry,
+                tensors,
+                scalars,
+                [weakref.ref(t) for t in outputs],
+                [t.untyped_storage() for t in outputs],
+                hosts,
+                [],
+                user_frame(),
+            )
         )
-        self.parts.append((id(entry), tuple(wiring.values())))
+        self.n_scalars += len(scalars)
+        self.parts.append((id(entry), wiring))
         results = self._returns(entry, tensors, outputs, i)
         rt.timeline.host_work(rt.target.host_record_op_ns)
         rt.metrics.counts["ops_recorded"] += 1
@@ -153,7 +185,7 @@ class Recorder:
                 results.append(None)
                 j += 1
             else:  # write: the argument itself, now holding this node's result
-                self.values[id(tensors[size])] = Value(i, j)
+                self.values[id(tensors[size])] = (Value(i, j), weakref.ref(tensors[size]))
                 results.append(tensors[size])
                 j += 1
         if not results:
@@ -161,35 +193,40 @@ class Recorder:
         return results[0] if len(results) == 1 else tuple(results)
 
     def _define(self, t: Tensor, value: Value) -> None:
-        self.values[id(t)] = value
+        self.values[id(t)] = (value, weakref.ref(t))
         self.storages.add(t.untyped_storage().data_ptr())
 
     def view(self, spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         """A view of a tensor made in this buffer becomes a node, so later ops find it."""
         tensors = [a for a in args if isinstance(a, Tensor)]
-        if not any(id(t) in self.values for t in tensors):
+        if not any(self._known(t) for t in tensors):
             if any(t.untyped_storage().data_ptr() in self.storages for t in tensors):
                 self.flush("hazard")  # a view of buffer memory through an alias we never saw
             return
         outs = list(result) if isinstance(result, (list, tuple)) else [result]
-        named: list[tuple[str, ArgValue]] = []
-        for k, a in enumerate(args):
-            name = spec.positional_names[k] if k < len(spec.positional_names) else f"arg{k}"
-            named.append((name, self._wire(a) if isinstance(a, Tensor) else _constant(a)))
-        named += [(name, _constant(v)) for name, v in kwargs.items()]
-        types = tuple(_tensor_type(o) for o in outs)
-        node = Node(spec.name, tuple(named), types, tuple(Alias(j, 0) for j in range(len(outs))))
+        wiring = tuple([self._wire(t) for t in tensors])
         i = len(self.ops)
-        self.ops.append(RecOp(spec.name, node, None, tensors, [], outs, [], user_frame()))
+        op = RecOp(
+            spec.name,
+            wiring,
+            0,
+            None,
+            tensors,
+            [],
+            [weakref.ref(o) for o in outs],
+            [o.untyped_storage() for o in outs],
+            [],
+            [_tensor_type(o) for o in outs],
+            ("", 0, ""),
+            (spec, args, kwargs),
+        )
+        self.ops.append(op)
+        # Same inputs and same output geometry: the same view (its arguments follow).
         self.parts.append(
-            (
-                spec.name,
-                tuple(self._wire(t) for t in tensors),
-                tuple((o.shape, o.stride()) for o in outs),
-            )
+            (spec.op, wiring, tuple((o.shape, o.stride(), o.storage_offset()) for o in outs))
         )
         for j, o in enumerate(outs):
-            self.values[id(o)] = Value(i, j)
+            self.values[id(o)] = (Value(i, j), weakref.ref(o))
 
     # -- cutting and running --------------------------------------------------------------------
     def flush(self, reason: str) -> None:
@@ -215,37 +252,51 @@ class Recorder:
         self._account(ops, observable)
 
     def _observable(self, ops: list[RecOp]) -> list[bool]:
-        """Per new output: is anything outside the buffer holding it (or a view of it)?"""
-        held: dict[int, int] = {}  # references the buffer itself holds to each tensor
+        """Per new output: can anything outside the buffer see it after the graph? Its tensor
+        is referenced from outside (or a live view of it is), or another tensor shares its
+        storage (an alias made without us: autograd's detached gradients, .data)."""
+        held: dict[int, int] = {}  # ops later in the buffer hold their input tensors
         for op in ops:
-            for t in op.outputs:
-                held[id(t)] = held.get(id(t), 0) + 1
             for t in op.tensors:
-                if id(t) in held:
-                    held[id(t)] += 1
-        alive: dict[int, bool] = {}
+                held[id(t)] = held.get(id(t), 0) + 1
+        alive: list[list[bool]] = []
         for op in ops:
-            outputs = op.outputs
-            for k in range(len(outputs)):
-                # getrefcount counts its own argument too
-                alive[id(outputs[k])] = sys.getrefcount(outputs[k]) - 1 > held[id(outputs[k])]
-        for op in reversed(ops):  # a live view keeps its base observable
-            if op.entry is None and any(alive.get(id(t)) for t in op.outputs):
-                for t in op.tensors:
-                    if id(t) in alive:
-                        alive[id(t)] = True
-        # A tensor made elsewhere on the same storage (autograd's detached aliases, .data)
-        # also observes it: the storage has more users than this buffer's tensors.
-        by_storage: dict[int, list[Tensor]] = {}
+            flags = []
+            for ref in op.refs:
+                t = ref()
+                # getrefcount counts its argument and our local `t`
+                flags.append(t is not None and sys.getrefcount(t) - 2 > held.get(id(t), 0))
+                del t
+            alive.append(flags)
+        index = {
+            id(r()): (o, k)
+            for o, op in enumerate(ops)
+            for k, r in enumerate(op.refs)
+            if r() is not None
+        }
+        for o in range(len(ops) - 1, -1, -1):  # a live view keeps its base observable
+            if ops[o].entry is None and any(alive[o]):
+                for t in ops[o].tensors:
+                    if id(t) in index:
+                        b, k = index[id(t)]
+                        alive[b][k] = True
+        users: dict[int, int] = {}  # storage -> tensors of this buffer still on it
         for op in ops:
-            for t in op.outputs:
-                by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
-        for ptr, tensors in by_storage.items():
-            users = torch._C._storage_Use_Count(tensors[0].untyped_storage()._cdata)
-            if ptr == 0 or users > len(tensors) + 1:  # + 1: the storage object asked
-                for t in tensors:
-                    alive[id(t)] = True
-        return [alive[id(t)] for op in ops if op.entry is not None for t in op.outputs]
+            for ref, storage in zip(op.refs, op.storages, strict=True):
+                if ref() is not None:
+                    users[storage.data_ptr()] = users.get(storage.data_ptr(), 0) + 1
+        for o, op in enumerate(ops):
+            for k, storage in enumerate(op.storages):
+                ptr = storage.data_ptr()
+                # + 1: the storage object we hold
+                if ptr == 0 or torch._C._storage_Use_Count(storage._cdata) > users.get(ptr, 0) + 1:
+                    alive[o][k] = True
+        return [
+            flag
+            for op, flags in zip(ops, alive, strict=True)
+            if op.entry is not None
+            for flag in flags
+        ]
 
     def _run_op_by_op(self, ops: list[RecOp]) -> None:
         rt = self.rt
@@ -291,6 +342,7 @@ class Recorder:
         timeline.host_work(rt.target.host_submit_ns)
         timeline.enqueue(loaded.modelled_ns, rt.stream, loaded.engine_ns)
         rt.metrics.counts["launches"] += 1
+        rt.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
         rt.metrics.counts["fused_executions"] += 1
         rt.metrics.counts["fused_ops"] += sum(1 for op in ops if op.entry is not None)
 
@@ -298,14 +350,14 @@ class Recorder:
         """HBM for the outputs that outlive the graph; the others were internal."""
         rt = self.rt
         made = [
-            (t, h)
+            (storage, h)
             for op in ops
             if op.entry is not None
-            for t, h in zip(op.outputs, op.hosts, strict=True)
+            for storage, h in zip(op.storages, op.hosts, strict=True)
         ]
-        for (t, host), seen in zip(made, observable, strict=True):
+        for (storage, host), seen in zip(made, observable, strict=True):
             if seen:
-                rt.adopt(t, rt.allocate(host.untyped_storage().nbytes()), host)
+                rt.adopt_storage(storage, rt.allocate(host.untyped_storage().nbytes()), host)
             else:
                 rt.metrics.counts["internal_outputs"] += 1
 
@@ -388,12 +440,12 @@ def _graph(
         Value(i, j)
         for i, op in enumerate(ops)
         if op.entry is not None
-        for j in range(len(op.outputs))
+        for j in _fresh_slots(op.entry)
     ]
     outputs = tuple(v for v, seen in zip(made, observable, strict=True) if seen)
     graph = Graph(
         tuple(_tensor_type(t) for t in inputs),
-        tuple(op.node for op in ops),
+        tuple(op.node() for op in ops),
         outputs,
         num_scalar_inputs=sum(len(op.scalars) for op in ops),
     )
@@ -401,6 +453,31 @@ def _graph(
     for op in ops:
         debug.node_locations.add(file=op.location[0], line=op.location[1], function=op.location[2])
     return graph, debug
+
+
+def _view_node(op: RecOp) -> Node:
+    assert op.view is not None
+    spec, args, kwargs = op.view
+    wiring = iter(op.wiring)
+    named: list[tuple[str, ArgValue]] = []
+    for k, a in enumerate(args):
+        name = spec.positional_names[k] if k < len(spec.positional_names) else f"arg{k}"
+        named.append((name, next(wiring) if isinstance(a, Tensor) else _constant(a)))
+    named += [(name, _constant(v)) for name, v in kwargs.items()]
+    return Node(
+        spec.name, tuple(named), tuple(op.types), tuple(Alias(j, 0) for j in range(len(op.types)))
+    )
+
+
+def _fresh_slots(entry: Any) -> list[int]:
+    """The node output index of each new tensor the op makes (in-place results and absent
+    optional outputs take output slots too)."""
+    slots, j = [], 0
+    for kind, size in _flat_kinds(entry.returns):
+        if kind == "fresh":
+            slots.append(j)
+        j += 1
+    return slots
 
 
 def _flat_kinds(returns: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

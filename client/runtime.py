@@ -74,10 +74,20 @@ class Runtime:
         self.hosts: dict[int, torch.Tensor] = {}
         self.lock = threading.RLock()
         self.recorder: Any = None  # the adaptive-mode Recorder (client/recorder.py), or None
-        if settings.eager_mode == "adaptive":
+        self.set_mode(settings.eager_mode)
+
+    def set_mode(self, mode: str) -> None:
+        """eager or adaptive; what was recorded runs first. Graphs seen so far are kept."""
+        if mode not in ("eager", "adaptive"):
+            raise env.ConfigError(f"eager mode {mode!r}: use 'eager' or 'adaptive'")
+        self.flush("sync")
+        if mode == "eager":
+            self._recorder_kept, self.recorder = self.recorder, None
+        elif self.recorder is None:
             from trnsim.client.recorder import Recorder
 
-            self.recorder = Recorder(self)
+            self.recorder = getattr(self, "_recorder_kept", None) or Recorder(self)
+        self.mode = mode
 
     def flush(self, reason: str) -> None:
         """Runs whatever the adaptive recorder holds (a sync point or a hazard)."""
@@ -96,12 +106,15 @@ class Runtime:
     def adopt(self, tensor: torch.Tensor, block: Block, host: torch.Tensor) -> torch.Tensor:
         """Frees the block when the tensor's storage dies (views keep it alive); remembers
         the CPU tensor whose memory it is until then."""
-        ref = weakref.ref(tensor.untyped_storage(), self._release)
-        ptr = tensor.data_ptr() if block.requested else 0
+        self.adopt_storage(tensor.untyped_storage(), block, host)
+        return tensor
+
+    def adopt_storage(self, storage: Any, block: Block, host: torch.Tensor) -> None:
+        ref = weakref.ref(storage, self._release)
+        ptr = storage.data_ptr() if block.requested else 0
         if ptr:
             self.hosts[ptr] = host
         self._blocks[id(ref)] = (ref, block, ptr)
-        return tensor
 
     def _release(self, ref: weakref.ref[Any]) -> None:
         entry = self._blocks.pop(id(ref), None)
@@ -158,6 +171,7 @@ class Runtime:
         if loaded.modelled_ns:
             timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["launches"] += 1
+            self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
 
     def synchronize(self, stream: int | None = None) -> None:
         self.flush("sync")

@@ -126,50 +126,76 @@ def train(
     return losses
 
 
+def _simulated_step_times(
+    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[list[float], list[int]]:
+    """Trains on neuron; returns the losses and the simulated wall time of every step."""
+    marks = [torch.neuron.metrics()["wall_ns"]]
+
+    def mark(step: int, loss: float) -> None:
+        marks.append(torch.neuron.metrics()["wall_ns"])
+
+    losses = train(model, batches, "neuron", on_step=mark)
+    return losses, [b - a for a, b in itertools.pairwise(marks)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--device", default="neuron")
+    parser.add_argument("--device", default="neuron", choices=["neuron", "cpu"])
     args = parser.parse_args()
     torch.manual_seed(0)
     cfg = GPTConfig()
     cpu_model = GPT(cfg)
-    dev_model = copy.deepcopy(cpu_model)
+    models = {"eager": copy.deepcopy(cpu_model), "adaptive": copy.deepcopy(cpu_model)}
     batches = make_batches(cfg, args.steps, args.batch)
     cpu_losses = train(cpu_model, batches, "cpu")
-    step_times: list[int] = []
-    neuron = args.device == "neuron"
-
-    def mark(step: int, loss: float) -> None:
-        if neuron:
-            step_times.append(torch.neuron.metrics()["wall_ns"])
-
-    start = time.perf_counter()
-    losses = train(dev_model, batches, args.device, on_step=mark)
-    elapsed = time.perf_counter() - start
-    print(f"{'step':>4} {'cpu loss':>10} {args.device + ' loss':>12}")
-    for i, (a, b) in enumerate(zip(cpu_losses, losses, strict=True)):
-        print(f"{i:>4} {a:>10.6f} {b:>12.6f}")
-    worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu_losses, losses, strict=True))
-    print(f"largest relative loss difference: {worst:.2e}")
-    if neuron:
-        m = torch.neuron.metrics()
-        per_step = [b - a for a, b in itertools.pairwise(step_times)]
+    if args.device == "cpu":
+        for i, loss in enumerate(cpu_losses):
+            print(f"{i:>4} {loss:>10.6f}")
+        return
+    losses, times, seconds = {}, {}, {}
+    for mode, model in models.items():  # the same chip, one mode after the other
+        torch.neuron.set_eager_mode(mode)
+        start = time.perf_counter()
+        losses[mode], times[mode] = _simulated_step_times(model, batches)
+        seconds[mode] = time.perf_counter() - start
+    print(
+        f"{'step':>4} {'cpu loss':>10} {'eager loss':>11} {'adaptive loss':>14} {'eager ms':>9} {'adaptive ms':>12}"
+    )
+    for i, cpu in enumerate(cpu_losses):
         print(
-            f"executables compiled: {m['executables_compiled']} "
-            f"(cache hits {m['cache_hits']}, misses {m['cache_misses']}, launches {m['launches']})"
+            f"{i:>4} {cpu:>10.6f} {losses['eager'][i]:>11.6f} {losses['adaptive'][i]:>14.6f} "
+            f"{times['eager'][i] / 1e6:>9.3f} {times['adaptive'][i] / 1e6:>12.3f}"
         )
-        if per_step:
-            print(
-                f"simulated step time (last step): {per_step[-1] / 1e6:.3f} ms; "
-                f"device busy {m['device_busy_ns'] / 1e6:.3f} ms over {len(losses)} steps"
-            )
-        print(
-            f"device memory: {torch.neuron.memory_allocated() / 2**20:.2f} MiB allocated, "
-            f"peak {torch.neuron.max_memory_allocated() / 2**20:.2f} MiB"
-        )
-    print(f"real time for {len(losses)} steps: {elapsed:.2f} s")
+    for mode in models:
+        diffs = [
+            abs(a - b) / max(abs(a), 1e-12) for a, b in zip(cpu_losses, losses[mode], strict=True)
+        ]
+        worst = float("nan") if any(math.isnan(d) for d in diffs) else max(diffs)
+        print(f"{mode}: largest relative loss difference from CPU {worst:.2e}")
+    steady = max(1, len(cpu_losses) // 2)  # the second half: caches warm, fused graphs ready
+    eager_ms = sorted(times["eager"][steady:])[len(times["eager"][steady:]) // 2] / 1e6
+    adaptive_ms = sorted(times["adaptive"][steady:])[len(times["adaptive"][steady:]) // 2] / 1e6
+    print(
+        f"simulated step time (median of steps {steady}-{len(cpu_losses) - 1}): eager {eager_ms:.3f} ms, "
+        f"adaptive {adaptive_ms:.3f} ms, adaptive / eager = {adaptive_ms / eager_ms:.2f}"
+    )
+    m = torch.neuron.metrics()
+    print(
+        f"executables compiled: {m['executables_compiled']} (cache hits {m['cache_hits']}, misses "
+        f"{m['cache_misses']}); adaptive: {m['graphs_formed']} graphs, {m['fused_executions']} fused runs "
+        f"covering {m['fused_ops']} ops, {m['op_by_op_graphs']} run op by op, "
+        f"{m['fused_compiles_ready']}/{m['fused_compiles_requested']} fused compiles ready"
+    )
+    print(
+        f"device memory: {torch.neuron.memory_allocated() / 2**20:.2f} MiB allocated, "
+        f"peak {torch.neuron.max_memory_allocated() / 2**20:.2f} MiB"
+    )
+    print(
+        f"real time for {args.steps} steps: eager {seconds['eager']:.2f} s, adaptive {seconds['adaptive']:.2f} s"
+    )
 
 
 if __name__ == "__main__":

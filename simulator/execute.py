@@ -210,6 +210,7 @@ class LoadedExecutable:
         self.executable = exe
         self.key = exe.cache_key
         self.modelled_ns = exe.modelled_ns
+        self.hbm_bytes = exe.hbm_bytes
         steps: dict[int, _Step] = {}
         for ins in sorted(exe.instructions, key=lambda i: i.id):
             for node_index, node in zip(ins.nodes, ins.ops, strict=True):

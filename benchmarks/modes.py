@@ -1,0 +1,166 @@
+"""Execution modes side by side, warm caches, measured in one run on one simulated chip.
+
+    python benchmarks/modes.py [--steps 10] [--warmup 6]
+
+For the GPT example and an MLP, per mode (eager, adaptive; the compiled mode joins when
+torch.compile support exists): simulated step time, device busy time, real host time per
+step, launches per step and HBM bytes per step, then the ratios adaptive / eager.
+Steps alternate between the modes so both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from train_gpt import GPT, GPTConfig, make_batches
+
+MODES = ("eager", "adaptive")
+
+
+def gpt_workload() -> tuple[
+    Callable[[], torch.nn.Module], Callable[[torch.nn.Module, int], Callable[[], float]]
+]:
+    cfg = GPTConfig()
+    batches = make_batches(cfg, 64, 8)
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return GPT(cfg)
+
+    def stepper(model: torch.nn.Module, _: int) -> Callable[[], float]:
+        model.to("neuron")
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        it = iter(batches * 4)
+
+        def step() -> float:
+            x, y = next(it)
+            loss = model(x.to("neuron"), y.to("neuron"))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            return loss.item()
+
+        return step
+
+    return make, stepper
+
+
+def mlp_workload() -> tuple[
+    Callable[[], torch.nn.Module], Callable[[torch.nn.Module, int], Callable[[], float]]
+]:
+    g = torch.Generator().manual_seed(1)
+    data = [
+        (torch.randn(64, 256, generator=g), torch.randn(64, 10, generator=g)) for _ in range(16)
+    ]
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Linear(256, 512),
+            torch.nn.GELU(),
+            torch.nn.Linear(512, 512),
+            torch.nn.GELU(),
+            torch.nn.LayerNorm(512),
+            torch.nn.Linear(512, 10),
+        )
+
+    def stepper(model: torch.nn.Module, _: int) -> Callable[[], float]:
+        model.to("neuron")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        it = iter(data * 64)
+
+        def step() -> float:
+            x, y = next(it)
+            loss = torch.nn.functional.mse_loss(model(x.to("neuron")), y.to("neuron"))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        return step
+
+    return make, stepper
+
+
+def wait_for_fused_compiles() -> None:
+    from trnsim.client import runtime
+
+    recorder = runtime.get().recorder
+    deadline = time.monotonic() + 120
+    while recorder is not None and time.monotonic() < deadline:
+        if all(s.future is None or s.future.done() for s in recorder.graphs.values()):
+            return
+        time.sleep(0.01)
+
+
+def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
+    make, stepper = workload
+    base = make()
+    models = {mode: copy.deepcopy(base) for mode in MODES}
+    steps_of = {}
+    for mode in MODES:
+        torch.neuron.set_eager_mode(mode)
+        steps_of[mode] = stepper(models[mode], 0)
+        for _ in range(warmup):  # compile everything; let fused graphs come back
+            steps_of[mode]()
+            wait_for_fused_compiles()
+        steps_of[mode]()
+    rows: dict[str, dict[str, list[float]]] = {
+        m: {k: [] for k in ("sim", "busy", "host", "launch", "hbm")} for m in MODES
+    }
+    losses: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(steps):
+        for mode in MODES:
+            torch.neuron.set_eager_mode(mode)
+            before = torch.neuron.metrics()
+            start = time.perf_counter()
+            losses[mode].append(steps_of[mode]())
+            host = time.perf_counter() - start
+            after = torch.neuron.metrics()
+            r = rows[mode]
+            r["sim"].append((after["wall_ns"] - before["wall_ns"]) / 1e3)
+            r["busy"].append((after["device_busy_ns"] - before["device_busy_ns"]) / 1e3)
+            r["host"].append(host * 1e3)
+            r["launch"].append(after["launches"] - before["launches"])
+            r["hbm"].append((after["hbm_bytes"] - before["hbm_bytes"]) / 2**20)
+    same = losses["eager"] == losses["adaptive"]
+    print(f"\n{name}: {steps} warm steps per mode (losses identical across modes: {same})")
+    print(
+        f"{'mode':<9} {'sim step us':>12} {'device busy us':>15} {'host ms/step':>13} {'launches':>9} {'HBM MiB':>8}"
+    )
+    med = {m: {k: statistics.median(v) for k, v in rows[m].items()} for m in MODES}
+    for mode in MODES:
+        r = med[mode]
+        print(
+            f"{mode:<9} {r['sim']:>12.1f} {r['busy']:>15.1f} {r['host']:>13.2f} {r['launch']:>9.0f} {r['hbm']:>8.2f}"
+        )
+    e, a = med["eager"], med["adaptive"]
+    print(
+        f"adaptive / eager: simulated step {a['sim'] / e['sim']:.2f}, device busy {a['busy'] / e['busy']:.2f}, "
+        f"real host time {a['host'] / e['host']:.2f}, launches {a['launch'] / e['launch']:.3f}, HBM bytes {a['hbm'] / e['hbm']:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=6)
+    args = parser.parse_args()
+    with torch.no_grad():
+        pass
+    measure("GPT example", gpt_workload(), args.steps, args.warmup)
+    measure("MLP", mlp_workload(), args.steps, args.warmup)
+
+
+if __name__ == "__main__":
+    main()
