@@ -472,12 +472,7 @@ def _view_node(op: RecOp) -> Node:
 def _fresh_slots(entry: Any) -> list[int]:
     """The node output index of each new tensor the op makes (in-place results and absent
     optional outputs take output slots too)."""
-    slots, j = [], 0
-    for kind, size in _flat_kinds(entry.returns):
-        if kind == "fresh":
-            slots.append(j)
-        j += 1
-    return slots
+    return [j for j, (kind, _) in enumerate(_flat_kinds(entry.returns)) if kind == "fresh"]
 
 
 def _flat_kinds(returns: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
