@@ -263,10 +263,10 @@ class Recorder:
         for op in ops:
             flags = []
             for ref in op.refs:
-                t = ref()
-                # getrefcount counts its argument and our local `t`
-                flags.append(t is not None and sys.getrefcount(t) - 2 > held.get(id(t), 0))
-                del t
+                live = ref()
+                # getrefcount counts its argument and our local `live`
+                flags.append(live is not None and sys.getrefcount(live) - 2 > held.get(id(live), 0))
+                del live
             alive.append(flags)
         index = {
             id(r()): (o, k)
