@@ -260,15 +260,16 @@ def _lower_group(
     inside = set(group)
     in_sbuf = {x.id for x in plan.buffers if x.memory == ex.SBUF}
     external: list[int] = []
-    load_bytes = 0
+    reloads = 0
     for i in group:
         node, k = g.nodes[i], kernels[i]
-        args = list(node.tensor_args())
-        total = sum(g.type_of(v).nbytes for v in args)
-        outside = [v for v in args if v.node is None or v.node not in inside]
-        if total:  # the node's share of HBM traffic for operands made outside the kernel
-            load_bytes += k.load_bytes * sum(g.type_of(v).nbytes for v in outside) // total
+        outside = [v for v in node.tensor_args() if v.node is None or v.node not in inside]
         external += [plan.buffer_of[v] for v in outside]
+        if k.klass == C.MATMUL:  # blocked GEMMs re-read operand panels beyond one pass
+            reloads += max(0, k.load_bytes - sum(g.type_of(v).nbytes for v in node.tensor_args()))
+    # Each tensor from outside the kernel comes in from HBM once, however many nodes read it.
+    roots = {plan.root(b).id: plan.root(b) for b in external}
+    load_bytes = sum(r.size for r in roots.values()) + reloads
     load = None
     if load_bytes:
         load = b.add("dma", C.DMA_LOAD, cost_model.dma(target, load_bytes), None, external, [])
