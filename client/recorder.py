@@ -96,6 +96,10 @@ class Recorder:
         self.inputs: list[Tensor] = []
         self.input_index: dict[int, int] = {}
         self.storages: set[int] = set()  # storages of tensors made in this buffer
+        # (storage, sizes, strides, offset, dtype) -> the value a tensor of that geometry
+        # holds: an alias made without us (autograd's detached gradients) is the same value.
+        self.geometry: dict[tuple[Any, ...], Value] = {}
+        self.bases: dict[int, tuple[Value, torch.dtype]] = {}  # storage -> the value owning it
         self.parts: list[Any] = []  # the graph's signature, op by op
         self.n_scalars = 0
         self.stream = self.rt.stream
@@ -104,8 +108,7 @@ class Recorder:
     def offer(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
         hazard = any(
-            not self._known(t) and not t.is_cpu and t.untyped_storage().data_ptr() in self.storages
-            for t in tensors
+            not t.is_cpu and not self._known(t) and not self._adopt_alias(t) for t in tensors
         )
         op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard)
         cut = boundaries.decide(
@@ -116,6 +119,44 @@ class Recorder:
         if cut.runs_op_eagerly:
             return NOT_RECORDED
         return self._record(spec, entry, tensors, scalars)
+
+    def _adopt_alias(self, t: Tensor) -> bool:
+        """False when t shares memory with this buffer in a way the graph cannot name."""
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.storages:
+            return True  # memory from before the buffer: a plain input
+        value = self.geometry.get(_geometry(t, ptr))
+        if value is not None:
+            self.values[id(t)] = (value, weakref.ref(t))
+            return True
+        base = self.bases.get(ptr)
+        if base is None or t.dtype != base[1]:
+            return False
+        # A view made beneath the dispatcher (autograd's reshapes): name it as as_strided of
+        # the tensor that owns the storage, which reproduces it exactly.
+        spec = _as_strided_spec()
+        args = (t, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        i = len(self.ops)
+        self.ops.append(
+            RecOp(
+                spec.name,
+                (base[0],),
+                0,
+                None,
+                [t],
+                [],
+                [weakref.ref(t)],
+                [t.untyped_storage()],
+                [],
+                [_tensor_type(t)],
+                ("", 0, ""),
+                (spec, args, {}),
+            )
+        )
+        self.parts.append((spec.op, (base[0],), ((t.shape, t.stride(), t.storage_offset()),)))
+        self.values[id(t)] = (Value(i, 0), weakref.ref(t))
+        self.geometry[_geometry(t, ptr)] = Value(i, 0)
+        return True
 
     def _known(self, t: Tensor) -> bool:
         entry = self.values.get(id(t))
@@ -185,7 +226,11 @@ class Recorder:
                 results.append(None)
                 j += 1
             else:  # write: the argument itself, now holding this node's result
-                self.values[id(tensors[size])] = (Value(i, j), weakref.ref(tensors[size]))
+                written = tensors[size]
+                self.values[id(written)] = (Value(i, j), weakref.ref(written))
+                ptr = written.untyped_storage().data_ptr()
+                if ptr in self.storages:
+                    self.geometry[_geometry(written, ptr)] = Value(i, j)
                 results.append(tensors[size])
                 j += 1
         if not results:
@@ -194,15 +239,20 @@ class Recorder:
 
     def _define(self, t: Tensor, value: Value) -> None:
         self.values[id(t)] = (value, weakref.ref(t))
-        self.storages.add(t.untyped_storage().data_ptr())
+        ptr = t.untyped_storage().data_ptr()
+        self.storages.add(ptr)
+        self.geometry[_geometry(t, ptr)] = value
+        self.bases[ptr] = (value, t.dtype)
 
     def view(self, spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         """A view of a tensor made in this buffer becomes a node, so later ops find it."""
         tensors = [a for a in args if isinstance(a, Tensor)]
         if not any(self._known(t) for t in tensors):
-            if any(t.untyped_storage().data_ptr() in self.storages for t in tensors):
+            if not all(self._adopt_alias(t) for t in tensors):
                 self.flush("hazard")  # a view of buffer memory through an alias we never saw
-            return
+                return
+            if not any(self._known(t) for t in tensors):
+                return
         outs = list(result) if isinstance(result, (list, tuple)) else [result]
         wiring = tuple([self._wire(t) for t in tensors])
         i = len(self.ops)
@@ -227,6 +277,7 @@ class Recorder:
         )
         for j, o in enumerate(outs):
             self.values[id(o)] = (Value(i, j), weakref.ref(o))
+            self.geometry[_geometry(o, o.untyped_storage().data_ptr())] = Value(i, j)
 
     # -- cutting and running --------------------------------------------------------------------
     def flush(self, reason: str) -> None:
@@ -467,6 +518,20 @@ def _view_node(op: RecOp) -> Node:
     return Node(
         spec.name, tuple(named), tuple(op.types), tuple(Alias(j, 0) for j in range(len(op.types)))
     )
+
+
+def _as_strided_spec() -> Any:
+    from trnsim.client.dispatch import _SPECS, OpSpec
+
+    op = torch.ops.aten.as_strided.default
+    spec = _SPECS.get(op)
+    if spec is None:
+        spec = _SPECS[op] = OpSpec(op)
+    return spec
+
+
+def _geometry(t: Tensor, storage_ptr: int) -> tuple[Any, ...]:
+    return (storage_ptr, t.shape, t.stride(), t.storage_offset(), t.dtype)
 
 
 def _fresh_slots(entry: Any) -> list[int]:
