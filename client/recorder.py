@@ -42,7 +42,7 @@ NOT_RECORDED = object()
 Tensor = torch.Tensor
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RecOp:
     """One recorded op: its per-op entry, its tensor arguments and where each came from."""
 
@@ -60,7 +60,7 @@ class RecOp:
     refs: list[weakref.ref[Tensor]]
     storages: list[Any]  # their storages (held: an alias may outlive the tensor)
     hosts: list[Tensor]  # the CPU tensors whose memory those outputs are
-    types: list[TensorType]
+    types: list[Any]  # views: (sizes, strides, offset) per output; the node's types follow
     location: tuple[str, int, str]
     view: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None  # views: (spec, args, kwargs)
 
@@ -148,7 +148,7 @@ class Recorder:
                 [weakref.ref(t)],
                 [t.untyped_storage()],
                 [],
-                [_tensor_type(t)],
+                [(t.shape, t.stride(), t.storage_offset(), t.dtype)],
                 ("", 0, ""),
                 (spec, args, {}),
             )
@@ -253,31 +253,37 @@ class Recorder:
                 return
             if not any(self._known(t) for t in tensors):
                 return
-        outs = list(result) if isinstance(result, (list, tuple)) else [result]
+        outs = result if isinstance(result, (list, tuple)) else (result,)
         wiring = tuple([self._wire(t) for t in tensors])
         i = len(self.ops)
-        op = RecOp(
-            spec.name,
-            wiring,
-            0,
-            None,
-            tensors,
-            [],
-            [weakref.ref(o) for o in outs],
-            [o.untyped_storage() for o in outs],
-            [],
-            [_tensor_type(o) for o in outs],
-            ("", 0, ""),
-            (spec, args, kwargs),
+        refs = [weakref.ref(o) for o in outs]
+        storages = [o.untyped_storage() for o in outs]
+        shapes = tuple([(o.shape, o.stride(), o.storage_offset(), o.dtype) for o in outs])
+        self.ops.append(
+            RecOp(
+                spec.name,
+                wiring,
+                0,
+                None,
+                tensors,
+                [],
+                refs,
+                storages,
+                [],
+                list(shapes),
+                ("", 0, ""),
+                (spec, args, kwargs),
+            )
         )
-        self.ops.append(op)
         # Same inputs and same output geometry: the same view (its arguments follow).
-        self.parts.append(
-            (spec.op, wiring, tuple((o.shape, o.stride(), o.storage_offset()) for o in outs))
-        )
-        for j, o in enumerate(outs):
-            self.values[id(o)] = (Value(i, j), weakref.ref(o))
-            self.geometry[_geometry(o, o.untyped_storage().data_ptr())] = Value(i, j)
+        self.parts.append((spec.op, wiring, shapes))
+        values, geometry = self.values, self.geometry
+        for j, (o, ref, storage, shape) in enumerate(
+            zip(outs, refs, storages, shapes, strict=True)
+        ):
+            value = Value(i, j)
+            values[id(o)] = (value, ref)
+            geometry[(storage.data_ptr(), *shape)] = value
 
     # -- cutting and running --------------------------------------------------------------------
     def flush(self, reason: str) -> None:
@@ -515,9 +521,11 @@ def _view_node(op: RecOp) -> Node:
         name = spec.positional_names[k] if k < len(spec.positional_names) else f"arg{k}"
         named.append((name, next(wiring) if isinstance(a, Tensor) else _constant(a)))
     named += [(name, _constant(v)) for name, v in kwargs.items()]
-    return Node(
-        spec.name, tuple(named), tuple(op.types), tuple(Alias(j, 0) for j in range(len(op.types)))
+    types = tuple(
+        TensorType(tuple(shape), tuple(stride), dtypes.from_name(str(dtype)), offset)
+        for shape, stride, offset, dtype in op.types
     )
+    return Node(spec.name, tuple(named), types, tuple(Alias(j, 0) for j in range(len(types))))
 
 
 def _as_strided_spec() -> Any:

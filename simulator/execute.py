@@ -199,6 +199,7 @@ class _Step:
         """Computes straight into `buffer` with the op's out= overload (same kernel)."""
         args = [b(inputs, env, scalars) for b in self.positional]
         kwargs = {name: b(inputs, env, scalars) for name, b in self.keywords}
+        assert self.out_op is not None, "run_into is for ops with an out= overload"
         self.out_op(*args, **kwargs, out=buffer)
         env[(self.node, 0)] = buffer
 
