@@ -37,7 +37,8 @@ explain: setup
 	$(PY) -m trnsim.compiler --explain examples/graphs/mlp.json
 
 # The main demo: a small GPT trained on the simulated chip next to the same on CPU.
-# Compiles go through the host's compile daemon (started on first use); its stats close it.
+# CPU, neuron eager and neuron adaptive side by side. Compiles go through the host's compile
+# daemon (started on first use); its stats close the demo.
 demo: setup
 	$(PY) examples/train_gpt.py --steps 20
 	$(VENV)/bin/trnsim stats
@@ -45,6 +46,7 @@ demo: setup
 bench: setup
 	$(PY) benchmarks/dispatch.py
 	$(PY) benchmarks/daemon.py
+	NEURON_COMPILE_DAEMON=off $(PY) benchmarks/modes.py
 
 # All of PyTorch's OpInfo float32 samples on neuron vs CPU (about half an hour).
 conformance: setup
