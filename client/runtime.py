@@ -111,7 +111,7 @@ class Runtime:
 
     def adopt_storage(self, storage: Any, block: Block, host: torch.Tensor) -> None:
         ref = weakref.ref(storage, self._release)
-        ptr = storage.data_ptr() if block.requested else 0
+        ptr = storage.data_ptr() if block.requested and not host.is_complex() else 0
         if ptr:
             self.hosts[ptr] = host
         self._blocks[id(ref)] = (ref, block, ptr)
@@ -132,8 +132,7 @@ class Runtime:
             and h.shape == t.shape
             and h.stride() == t.stride()
             and h.dtype == t.dtype
-            and not t.is_conj()
-            and not t.is_neg()
+            and not t.is_neg()  # (complex allocations, which may be conj views, are not kept)
         ):
             return h
         return to_host_alias(t)
