@@ -31,7 +31,7 @@ from trnsim.compiler.graph import (
     Value,
 )
 from trnsim.protos import graph_pb2
-from trnsim.simulator import dtypes
+from trnsim.simulator import dtypes, execute
 from trnsim.simulator.execute import ExecutionError
 
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -39,13 +39,9 @@ META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 # (the Meta ones try to grow the storage, which device storages cannot).
 CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 Tensor = torch.Tensor
-_MEMORY_FORMATS = {
-    torch.contiguous_format: graph_pb2.CONTIGUOUS_FORMAT,
-    torch.channels_last: graph_pb2.CHANNELS_LAST,
-    torch.channels_last_3d: graph_pb2.CHANNELS_LAST_3D,
-    torch.preserve_format: graph_pb2.PRESERVE_FORMAT,
-}
-_LAYOUTS = {torch.strided: graph_pb2.STRIDED, torch.sparse_coo: graph_pb2.SPARSE_COO}
+# torch enums -> graph enums: the executor's tables read backwards.
+_MEMORY_FORMATS = {v: k for k, v in execute.MEMORY_FORMATS.items()}
+_LAYOUTS = {v: k for k, v in execute.LAYOUTS.items()}
 
 
 class UnsupportedArgumentError(NotImplementedError):

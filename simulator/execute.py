@@ -13,13 +13,13 @@ import torch
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import dtypes
 
-_MEMORY_FORMATS = {
+MEMORY_FORMATS = {
     graph_pb2.CONTIGUOUS_FORMAT: torch.contiguous_format,
     graph_pb2.CHANNELS_LAST: torch.channels_last,
     graph_pb2.CHANNELS_LAST_3D: torch.channels_last_3d,
     graph_pb2.PRESERVE_FORMAT: torch.preserve_format,
 }
-_LAYOUTS = {graph_pb2.STRIDED: torch.strided, graph_pb2.SPARSE_COO: torch.sparse_coo}
+LAYOUTS = {graph_pb2.STRIDED: torch.strided, graph_pb2.SPARSE_COO: torch.sparse_coo}
 CPU = torch.device("cpu")
 
 
@@ -75,9 +75,9 @@ def _constant(arg: graph_pb2.Argument, kind: str | None) -> Any:
     if kind == "dtype":
         return torch_dtype(arg.dtype)
     if kind == "memory_format":
-        return _MEMORY_FORMATS[arg.memory_format]
+        return MEMORY_FORMATS[arg.memory_format]
     if kind == "layout":
-        return _LAYOUTS[arg.layout]
+        return LAYOUTS[arg.layout]
     if kind == "device":
         return CPU  # device memory is host memory: factories build on the CPU
     return getattr(arg, kind)
