@@ -386,15 +386,14 @@ class Recorder:
         rt = self.rt
         host = [t if t.is_cpu else rt.host_alias(t) for t in inputs]
         scalars = [s for op in ops for s in op.scalars]
-        hosts = [h for op in ops if op.entry is not None for h in op.hosts]
-        into = [h for h, seen in zip(hosts, observable, strict=True) if seen]
         try:
-            results = loaded.run(host, scalars, rt.generator, into)
+            results = loaded.run(host, scalars, rt.generator)
         except ExecutionError as e:
             raise _located(_op_of_node(ops, e.node), e.cause) from e.cause
-        for h, result in zip(into, results, strict=True):
-            if result is not h:  # computed elsewhere (no out= overload): copy it in
-                h.copy_(result)
+        hosts = [h for op in ops if op.entry is not None for h in op.hosts]
+        seen_hosts = [h for h, seen in zip(hosts, observable, strict=True) if seen]
+        for h, result in zip(seen_hosts, results, strict=True):
+            h.copy_(result)
         timeline = rt.timeline
         timeline.host_work(rt.target.host_submit_ns)
         timeline.enqueue(loaded.modelled_ns, rt.stream, loaded.engine_ns)

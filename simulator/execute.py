@@ -137,7 +137,6 @@ class _Step:
                 self.positional.append(_builder(a))
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
         self.call_op = self.op._op  # the C++ callable behind the OpOverload (skips a frame)
-        self.out_op = _out_variant(self.op) if len(node.outputs) == 1 and not node.aliases else None
         self.n_outputs = len(node.outputs)
         # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
         self.inputs_only = (
@@ -189,20 +188,6 @@ class _Step:
             return self.op(*args, **kwargs)
         return self.op(*args)
 
-    def run_into(
-        self,
-        inputs: Sequence[Any],
-        env: Env,
-        scalars: Sequence[Any],
-        buffer: Any,
-    ) -> None:
-        """Computes straight into `buffer` with the op's out= overload (same kernel)."""
-        args = [b(inputs, env, scalars) for b in self.positional]
-        kwargs = {name: b(inputs, env, scalars) for name, b in self.keywords}
-        assert self.out_op is not None, "run_into is for ops with an out= overload"
-        self.out_op(*args, **kwargs, out=buffer)
-        env[(self.node, 0)] = buffer
-
     def run(
         self,
         inputs: Sequence[Any],
@@ -248,22 +233,13 @@ class LoadedExecutable:
         self.single = len(self.steps) == 1 and self.outputs == [
             (self.steps[0].node, j) for j in range(len(self.outputs))
         ]
-        # Graph outputs an out= overload can write straight into the caller's memory.
-        self.writable = {
-            node: k
-            for k, (node, j) in enumerate(self.outputs)
-            if node >= 0 and j == 0 and steps[node].out_op is not None
-        }
 
     def run(
         self,
         inputs: Sequence[Any],
         scalars: Sequence[Any] = (),
         generator: torch.Generator | None = None,
-        into: Sequence[Any] | None = None,
     ) -> list[Any]:
-        """The graph's outputs. With `into` (a buffer per output, or None), outputs an out=
-        overload can compute are written there: those results are the buffers themselves."""
         env: Env = {}
         if self.single:
             step = self.steps[0]
@@ -275,14 +251,9 @@ class LoadedExecutable:
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
             return _flatten(result)
-        writable = self.writable if into is not None else {}
         for step in self.steps:
             try:
-                k = writable.get(step.node)
-                if k is not None and into is not None and into[k] is not None:
-                    step.run_into(inputs, env, scalars, into[k])
-                else:
-                    step.run(inputs, env, scalars, generator)
+                step.run(inputs, env, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
         return [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
@@ -292,19 +263,6 @@ class LoadedExecutable:
             loc = self.locations[node]
             return f"{loc.file}:{loc.line}"
         return ""
-
-
-def _out_variant(op: Any) -> Any:
-    """The op's out= overload when its schema is the op's plus one `out` argument."""
-    packet = getattr(torch.ops.aten, op._schema.name.split("::", 1)[-1], None)
-    if packet is None or "out" not in packet.overloads() or op._schema.overload_name == "out":
-        return None
-    out = packet.out
-    names = [a.name for a in op._schema.arguments]
-    out_names = [a.name for a in out._schema.arguments]
-    if out_names != [*names, "out"] or "generator" in names:
-        return None
-    return out
 
 
 def _flatten(result: Any) -> list[Any]:

@@ -213,3 +213,32 @@ def test_second_process_with_a_warm_daemon_runs_fused_from_its_first_repetition(
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _train_mlp(model, device, steps=8):
+    g = torch.Generator().manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(64, 256, generator=g), torch.randn(64, 10, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if device == "neuron":
+            _wait_for_fused_compiles(runtime.get())
+    return losses
+
+
+def test_mlp_with_a_fused_backward_matches_eager(adaptive):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.GELU(),
+        torch.nn.LayerNorm(512),
+        torch.nn.Linear(512, 10),
+    )
+    expected = _train_mlp(copy.deepcopy(model), "cpu")
+    assert _train_mlp(model.to("neuron"), "neuron") == expected
+    assert adaptive.metrics.counts["fused_executions"] > 0
