@@ -130,7 +130,7 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 
 # -- random numbers ---------------------------------------------------------------------------
 def manual_seed(seed: int) -> None:
-    runtime.get().generator.manual_seed(int(seed))
+    _flushed().generator.manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
@@ -139,7 +139,7 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> None:
-    runtime.get().generator.seed()
+    _flushed().generator.seed()
 
 
 def seed_all() -> None:
@@ -151,11 +151,11 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: Any = None) -> torch.Tensor:
-    return runtime.get().generator.get_state()
+    return _flushed().generator.get_state()
 
 
 def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
-    runtime.get().generator.set_state(state)
+    _flushed().generator.set_state(state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:

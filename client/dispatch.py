@@ -51,7 +51,9 @@ class UnsupportedArgumentError(NotImplementedError):
 # -- per-op facts, computed once ----------------------------------------------------------------
 class OpSpec:
     __slots__ = (
+        "argument_names",
         "handler",
+        "mutated",
         "name",
         "op",
         "positional_names",
@@ -65,6 +67,7 @@ class OpSpec:
         self.op = op
         self.name = f"{schema.name}.{schema.overload_name or 'default'}"
         self.positional_names = [a.name for a in schema.arguments if not a.kwarg_only]
+        self.argument_names = frozenset(a.name for a in schema.arguments)
         # return index -> name of the argument it writes through (in-place / out=)
         self.writes: dict[int, str] = {}
         for j, r in enumerate(schema.returns):
@@ -76,6 +79,18 @@ class OpSpec:
                     ):
                         self.writes[j] = a.name
         self.returns_tensor = [str(r.type).startswith("Tensor") for r in schema.returns]
+        returned: set[str] = set()
+        for r in schema.returns:
+            if r.alias_info is not None:
+                returned |= set(r.alias_info.before_set)
+        # Arguments written but not returned (running stats, in-place foreach lists).
+        self.mutated = frozenset(
+            a.name
+            for a in schema.arguments
+            if a.alias_info is not None
+            and a.alias_info.is_write
+            and not set(a.alias_info.before_set) & returned
+        )
         # Ops whose output shape depends on the values of float arguments: those values
         # are part of the signature (the executable still takes them at run time).
         self.shape_from_scalars = schema.name in _SHAPE_FROM_SCALARS
@@ -368,6 +383,7 @@ def _build(
         tuple(named),
         tuple(out_types),
         tuple(aliases),
+        tuple(k for k, (name, _) in enumerate(named) if name in spec.mutated),
     )
     graph = Graph(
         tuple(inputs),
@@ -383,6 +399,9 @@ def _build(
         and not out_args
         and all(kind in ("fresh", "list", "write", "none") for kind, _ in returns)
         and op_table.fusible(node.op)
+        # Random ops without a generator argument draw from the CPU's global generator when
+        # they run: recording would move that draw. (The others get the device generator.)
+        and not (op_table.is_random(node.op) and "generator" not in spec.argument_names)
     )
     return runtime.Entry(
         rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible

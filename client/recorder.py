@@ -12,6 +12,7 @@ reference) stay internal to the fused executable: no HBM accounted, no copy back
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import weakref
@@ -118,6 +119,8 @@ class Recorder:
             self.flush(cut.value)
         if cut.runs_op_eagerly:
             return NOT_RECORDED
+        if not self.ops:
+            self.stream = self.rt.stream
         return self._record(spec, entry, tensors, scalars)
 
     def _adopt_alias(self, t: Tensor) -> bool:
@@ -125,6 +128,8 @@ class Recorder:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in self.storages:
             return True  # memory from before the buffer: a plain input
+        if t.is_conj() or t.is_neg():
+            return False  # a lazily conjugated/negated alias: not the same value
         value = self.geometry.get(_geometry(t, ptr))
         if value is not None:
             self.values[id(t)] = (value, weakref.ref(t))
@@ -283,13 +288,13 @@ class Recorder:
         ):
             value = Value(i, j)
             values[id(o)] = (value, ref)
-            geometry[(storage.data_ptr(), *shape)] = value
+            geometry[(storage.data_ptr(), *shape, o.is_conj(), o.is_neg())] = value
 
     # -- cutting and running --------------------------------------------------------------------
     def flush(self, reason: str) -> None:
         if not self.ops:
             return
-        ops, inputs, parts = self.ops, self.inputs, self.parts
+        ops, inputs, parts, stream = self.ops, self.inputs, self.parts, self.stream
         observable = self._observable(ops)
         self._reset()
         counts = self.rt.metrics.counts
@@ -301,11 +306,15 @@ class Recorder:
             state = self.graphs[signature] = GraphState()
         state.history.seen += 1
         self._collect(state)
-        if state.loaded is not None:
-            self._run_fused(state.loaded, ops, inputs, observable)
-        else:
-            self._run_op_by_op(ops)
-            self._maybe_request(state, ops, inputs, observable)
+        current, self.rt.stream = self.rt.stream, stream  # the work goes where it was issued
+        try:
+            if state.loaded is not None:
+                self._run_fused(state.loaded, ops, inputs, observable)
+            else:
+                self._run_op_by_op(ops)
+                self._maybe_request(state, ops, inputs, observable)
+        finally:
+            self.rt.stream = current
         self._account(ops, observable)
 
     def _observable(self, ops: list[RecOp]) -> list[bool]:
@@ -389,7 +398,7 @@ class Recorder:
         try:
             results = loaded.run(host, scalars, rt.generator)
         except ExecutionError as e:
-            raise _located(_op_of_node(ops, e.node), e.cause) from e.cause
+            raise _located(_op_named(ops, e.op), e.cause) from e.cause
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
         seen_hosts = [h for h, seen in zip(hosts, observable, strict=True) if seen]
         for h, result in zip(seen_hosts, results, strict=True):
@@ -538,7 +547,7 @@ def _as_strided_spec() -> Any:
 
 
 def _geometry(t: Tensor, storage_ptr: int) -> tuple[Any, ...]:
-    return (storage_ptr, t.shape, t.stride(), t.storage_offset(), t.dtype)
+    return (storage_ptr, t.shape, t.stride(), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg())
 
 
 def _fresh_slots(entry: Any) -> list[int]:
@@ -568,7 +577,7 @@ def _shift_scalars(node: Node, offset: int) -> Node:
             return tuple(shift(x) for x in v)
         return v
 
-    return Node(node.op, tuple((n, shift(v)) for n, v in node.args), node.outputs, node.aliases)
+    return dataclasses.replace(node, args=tuple((n, shift(v)) for n, v in node.args))
 
 
 def _constant(value: Any) -> ArgValue:
@@ -586,8 +595,14 @@ def _tensor_type(t: Tensor) -> TensorType:
     return TensorType(tuple(t.shape), tuple(t.stride()), dtypes.from_name(str(t.dtype)), 0)
 
 
-def _op_of_node(ops: list[RecOp], node: int) -> RecOp:
-    return ops[node] if 0 <= node < len(ops) else ops[-1]
+def _op_named(ops: list[RecOp], name: str) -> RecOp:
+    """The recorded op a fused executable's failing node came from. Node indices change in
+    the compiler's rewrites, so the op is found by name: the first recorded one (a later op
+    of the same name cannot have run before it)."""
+    for op in ops:
+        if op.entry is not None and op.name == name:
+            return op
+    return ops[-1]
 
 
 def _located(op: RecOp, cause: BaseException) -> BaseException:

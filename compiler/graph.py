@@ -125,6 +125,7 @@ class Node:
     args: tuple[tuple[str, ArgValue], ...]
     outputs: tuple[TensorType, ...]
     aliases: tuple[Alias, ...] = ()
+    mutated_args: tuple[int, ...] = ()  # written but not returned (running stats, foreach lists)
 
     @property
     def name(self) -> str:
@@ -142,7 +143,15 @@ class Node:
         return default
 
     def writes(self) -> bool:
-        return any(a.writes for a in self.aliases)
+        return bool(self.mutated_args) or any(a.writes for a in self.aliases)
+
+    def written_values(self) -> Iterator[Value]:
+        """Every tensor value the node writes (through aliases or mutated arguments)."""
+        for a in self.aliases:
+            if a.writes:
+                yield from _values_in(self.args[a.argument][1])
+        for i in self.mutated_args:
+            yield from _values_in(self.args[i][1])
 
 
 def _values_in(value: ArgValue) -> Iterator[Value]:
@@ -302,6 +311,7 @@ def node_to_proto(n: Node) -> graph_pb2.Node:
             graph_pb2.Alias(output=a.output, argument=a.argument, writes=a.writes)
             for a in n.aliases
         ],
+        mutated_args=n.mutated_args,
     )
 
 
@@ -311,6 +321,7 @@ def node_from_proto(p: graph_pb2.Node) -> Node:
         args=tuple(arg_from_proto(a) for a in p.args),
         outputs=tuple(type_from_proto(t) for t in p.outputs),
         aliases=tuple(Alias(a.output, a.argument, a.writes) for a in p.aliases),
+        mutated_args=tuple(p.mutated_args),
     )
 
 

@@ -145,13 +145,7 @@ def _is_view_output(node: Node, output: int) -> bool:
 
 
 def _written_args(node: Node) -> list[Value]:
-    out = []
-    for a in node.aliases:
-        if a.writes:
-            v = node.args[a.argument][1]
-            assert isinstance(v, Value)
-            out.append(v)
-    return out
+    return list(node.written_values())
 
 
 def classify(g: Graph, target: Target, sbuf_budget: int) -> list[Kernel]:

@@ -76,10 +76,15 @@ _COLLECTIVE = """all_reduce all_gather_into_tensor reduce_scatter_tensor all_to_
     wait_tensor allreduce_ allgather_ reduce_scatter_ broadcast_ alltoall_base_ barrier"""
 
 # Ops that must run even when nothing reads their outputs (RNG state, communication).
-_STATEFUL = """rand randn rand_like randn_like randint randint_like randperm bernoulli normal uniform
+_RANDOM = """rand randn rand_like randn_like randint randint_like randperm bernoulli normal uniform
     exponential geometric cauchy log_normal multinomial native_dropout dropout _fused_dropout
-    _assert_async _assert_scalar _print copy _copy_from set_ resize_"""
-_SIDE_EFFECTS = frozenset(_STATEFUL.split()) | frozenset(_COLLECTIVE.split())
+    rrelu_with_noise"""
+# native_batch_norm updates its running stats in place although its schema does not say so.
+_STATEFUL = """_assert_async _assert_scalar _print copy _copy_from set_ resize_ native_batch_norm
+    batch_norm_update_stats"""
+_SIDE_EFFECTS = (
+    frozenset(_RANDOM.split()) | frozenset(_STATEFUL.split()) | frozenset(_COLLECTIVE.split())
+)
 
 
 def _table() -> dict[str, int]:
@@ -130,6 +135,13 @@ def has_side_effects(op: str) -> bool:
 _NOT_FUSIBLE = frozenset(
     ["_assert_async", "_assert_scalar", "_print", "_local_scalar_dense", "set_", "resize_", "item"]
 )
+
+
+def is_random(op: str) -> bool:
+    return base_name(op) in _RANDOM_OPS
+
+
+_RANDOM_OPS = frozenset(_RANDOM.split())
 
 
 def fusible(op: str) -> bool:

@@ -81,12 +81,10 @@ def _mutated_nodes(g: Graph) -> set[int]:
                 base[Value(i, a.output)] = base.get(source, source)
     mutated: set[int] = set()
     for node in g.nodes:
-        for a in node.aliases:
-            source = node.args[a.argument][1]
-            if a.writes and isinstance(source, Value):
-                root = base.get(source, source)
-                if root.node is not None:
-                    mutated.add(root.node)
+        for value in node.written_values():
+            root = base.get(value, value)
+            if root.node is not None:
+                mutated.add(root.node)
     return mutated
 
 

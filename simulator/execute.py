@@ -138,6 +138,15 @@ class _Step:
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
         self.call_op = self.op._op  # the C++ callable behind the OpOverload (skips a frame)
         self.n_outputs = len(node.outputs)
+        # The layout the graph declares for the output (meta strides). The CPU kernel may pick
+        # another (channels_last convolutions); views later in a graph rely on the declared one.
+        self.declared = (
+            (tuple(node.outputs[0].shape), tuple(node.outputs[0].strides))
+            if len(node.outputs) == 1
+            and not node.aliases
+            and all(s >= 0 for s in node.outputs[0].shape)
+            else None
+        )
         # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
         self.inputs_only = (
             not self.keywords
@@ -196,6 +205,14 @@ class _Step:
         generator: torch.Generator | None,
     ) -> None:
         result = self.call(inputs, env, scalars, generator)
+        declared = self.declared
+        if (
+            declared is not None
+            and isinstance(result, torch.Tensor)
+            and result.stride() != declared[1]
+        ) and tuple(result.shape) == declared[0]:
+            conformed = torch.empty_strided(declared[0], declared[1], dtype=result.dtype)
+            result = conformed.copy_(result)
         if isinstance(result, (tuple, list)):
             for j, r in enumerate(result):
                 env[(self.node, j)] = r
@@ -231,7 +248,7 @@ class LoadedExecutable:
         # One op whose outputs are the graph's outputs in order (every eager executable):
         # its result is returned as the op returns it, without an environment.
         self.single = len(self.steps) == 1 and self.outputs == [
-            (self.steps[0].node, j) for j in range(len(self.outputs))
+            (self.steps[0].node, j) for j in range(self.steps[0].n_outputs)
         ]
 
     def run(

@@ -242,3 +242,72 @@ def test_mlp_with_a_fused_backward_matches_eager(adaptive):
     expected = _train_mlp(copy.deepcopy(model), "cpu")
     assert _train_mlp(model.to("neuron"), "neuron") == expected
     assert adaptive.metrics.counts["fused_executions"] > 0
+
+
+def _repeat(fn, times: int = 4) -> list:
+    """Runs fn several times so its graph runs op by op first and fused after."""
+    out = []
+    for _ in range(times):
+        out.append(fn())
+        _wait_for_fused_compiles(runtime.get())
+    return out
+
+
+def test_cases_a_review_found(adaptive):
+    a = torch.ones(4, device="neuron")
+
+    def reseeded():
+        torch.neuron.manual_seed(1)
+        r1 = torch.rand(4, device="neuron") + a
+        torch.neuron.manual_seed(1)
+        r2 = torch.rand(4, device="neuron") + a
+        return torch.equal(r1.cpu(), r2.cpu())
+
+    assert all(_repeat(reseeded))
+
+    def dead_after_in_place():
+        x = torch.ones(4, device="neuron")
+        x.mul_(2)
+        y = x + 1
+        del y
+        torch.neuron.synchronize()
+        return x.cpu().tolist()
+
+    assert _repeat(dead_after_in_place) == [[2.0] * 4] * 4
+
+    z = torch.randn(3, 3, dtype=torch.complex64)
+    zd = z.to("neuron")
+    expected = (z * 2).conj() @ (z * 2)
+    assert all(
+        torch.allclose(r, expected) for r in _repeat(lambda: ((zd * 2).conj() @ (zd * 2)).cpu())
+    )
+
+    x = torch.randn(1, 3, 8, 8).to(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 3)
+    ref = torch.nn.functional.conv2d(x, w).relu()[:, :, 0].sum(1)
+    xd, wd = x.to("neuron"), w.to("neuron")
+    got = _repeat(lambda: torch.nn.functional.conv2d(xd, wd).relu()[:, :, 0].sum(1).cpu())
+    assert all(torch.equal(r, ref) for r in got)
+
+    def foreach_after_twins():
+        p = torch.ones(4, device="neuron")
+        t1, t2 = p * 2, p * 2
+        torch._foreach_add_([t1], 1.0)
+        return t1.cpu().tolist(), t2.cpu().tolist()
+
+    assert _repeat(foreach_after_twins) == [([3.0] * 4, [2.0] * 4)] * 4
+
+
+def test_batch_norm_running_stats_survive_fusion(adaptive):
+    torch.manual_seed(2)
+    cpu = torch.nn.BatchNorm1d(4)
+    dev = torch.nn.BatchNorm1d(4).to("neuron")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        x = torch.randn(8, 4, generator=g)
+        cpu(x)
+        dev(x.to("neuron"))
+        torch.neuron.synchronize()
+        _wait_for_fused_compiles(adaptive)
+    assert torch.equal(dev.running_mean.cpu(), cpu.running_mean)
+    assert torch.equal(dev.running_var.cpu(), cpu.running_var)
