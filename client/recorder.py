@@ -95,6 +95,7 @@ class Recorder:
         # id(tensor) -> (the graph value it holds now, a weak reference to check the id)
         self.values: dict[int, tuple[Value, weakref.ref[Tensor]]] = {}
         self.inputs: list[Tensor] = []
+        self.input_hosts: list[Tensor] = []
         self.input_index: dict[int, int] = {}
         self.storages: set[int] = set()  # storages of tensors made in this buffer
         # (storage, sizes, strides, offset, dtype) -> the value a tensor of that geometry
@@ -175,6 +176,9 @@ class Recorder:
         if index is None:
             index = self.input_index[id(t)] = len(self.inputs)
             self.inputs.append(t)
+            # Its memory as it is now: `p.data = ...` (Module.to/half) may swap the tensor's
+            # storage before the buffer runs, and recorded ops must read what they saw.
+            self.input_hosts.append(t if t.is_cpu else self.rt.host_alias(t))
         return Value(None, index)
 
     def _record(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
@@ -295,6 +299,7 @@ class Recorder:
         if not self.ops:
             return
         ops, inputs, parts, stream = self.ops, self.inputs, self.parts, self.stream
+        input_hosts = self.input_hosts
         observable = self._observable(ops)
         self._reset()
         counts = self.rt.metrics.counts
@@ -309,9 +314,9 @@ class Recorder:
         current, self.rt.stream = self.rt.stream, stream  # the work goes where it was issued
         try:
             if state.loaded is not None:
-                self._run_fused(state.loaded, ops, inputs, observable)
+                self._run_fused(state.loaded, ops, input_hosts, observable)
             else:
-                self._run_op_by_op(ops)
+                self._run_op_by_op(ops, input_hosts)
                 self._maybe_request(state, ops, inputs, observable)
         finally:
             self.rt.stream = current
@@ -364,14 +369,17 @@ class Recorder:
             for flag in flags
         ]
 
-    def _run_op_by_op(self, ops: list[RecOp]) -> None:
+    def _run_op_by_op(self, ops: list[RecOp], input_hosts: list[Tensor]) -> None:
         rt = self.rt
         counts = rt.metrics.counts
         counts["op_by_op_graphs"] += 1
         for op in ops:
             if op.entry is None:
                 continue  # views exist already: same storage, new metadata
-            inputs = [t if t.is_cpu else rt.host_alias(t) for t in op.tensors]
+            inputs = [
+                input_hosts[v.index] if v.node is None else rt.host_alias(t)
+                for t, v in zip(op.tensors, op.wiring, strict=True)
+            ]
             try:
                 results = op.entry.loaded.run(inputs, op.scalars, rt.generator)
             except ExecutionError as e:
@@ -389,11 +397,11 @@ class Recorder:
         self,
         loaded: execute.LoadedExecutable,
         ops: list[RecOp],
-        inputs: list[Tensor],
+        input_hosts: list[Tensor],
         observable: list[bool],
     ) -> None:
         rt = self.rt
-        host = [t if t.is_cpu else rt.host_alias(t) for t in inputs]
+        host = input_hosts
         scalars = [s for op in ops for s in op.scalars]
         try:
             results = loaded.run(host, scalars, rt.generator)

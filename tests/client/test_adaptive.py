@@ -311,3 +311,12 @@ def test_batch_norm_running_stats_survive_fusion(adaptive):
         _wait_for_fused_compiles(adaptive)
     assert torch.equal(dev.running_mean.cpu(), cpu.running_mean)
     assert torch.equal(dev.running_var.cpu(), cpu.running_var)
+
+
+def test_recorded_ops_read_inputs_as_they_were_when_recorded(adaptive):
+    lin = torch.nn.Linear(4, 3).to("neuron")
+    x = torch.randn(2, 4)
+    expected = torch.nn.functional.linear(x, lin.weight.detach().cpu(), lin.bias.detach().cpu())
+    y = lin(x.to("neuron"))
+    lin.double()  # swaps every parameter's storage (p.data = ...) before y was computed
+    assert y.dtype == torch.float32 and torch.equal(y.cpu(), expected)
