@@ -56,6 +56,70 @@ print(n / (time.perf_counter() - start), flush=True)
 """
 
 
+ECHO_SERVER = """
+import asyncio, sys
+import grpc
+from trnsim.protos import compile_service_pb2 as svc, compile_service_pb2_grpc as g
+class Echo(g.CompileServiceServicer):
+    async def GetInfo(self, request, context):
+        return svc.GetInfoResponse(pid=1)
+    async def Compile(self, requests, context):
+        async for r in requests:
+            yield svc.CompileResult(id=r.id)
+async def main():
+    server = grpc.aio.server()
+    g.add_CompileServiceServicer_to_server(Echo(), server)
+    server.add_insecure_port(sys.argv[1])
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+def transport_floor(root: Path, n: int) -> None:
+    """The same round trips against a server that does nothing: Python gRPC's own cost."""
+    address = f"unix:{root / 'echo.sock'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ECHO_SERVER, address], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with grpc.insecure_channel(address) as ch:
+            stub = svc_grpc.CompileServiceStub(ch)
+            stub.GetInfo(svc.GetInfoRequest())
+            unary = []
+            for _ in range(n):
+                t = time.perf_counter()
+                stub.GetInfo(svc.GetInfoRequest())
+                unary.append(time.perf_counter() - t)
+            import queue
+
+            outbox: queue.Queue[svc.CompileRequest | None] = queue.Queue()
+
+            def requests():  # type: ignore[no-untyped-def]
+                while (r := outbox.get()) is not None:
+                    yield r
+
+            responses = stub.Compile(requests())
+            stream = []
+            for i in range(n):
+                t = time.perf_counter()
+                outbox.put(svc.CompileRequest(id=i))
+                next(responses)
+                stream.append(time.perf_counter() - t)
+            outbox.put(None)
+        print(
+            f"transport floor (an echo server), unary   : p50 {pct(unary, 0.5) * 1e6:7.0f} us   p99 {pct(unary, 0.99) * 1e6:7.0f} us"
+        )
+        print(
+            f"transport floor (an echo server), stream  : p50 {pct(stream, 0.5) * 1e6:7.0f} us   p99 {pct(stream, 0.99) * 1e6:7.0f} us"
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -164,6 +228,7 @@ def main() -> None:
                 f.result()
             client.close()
             latency(d.address, graphs, n)
+            transport_floor(root, n)
             rates = {}
             for clients in (1, 8, 64):
                 per = max(50, (n * 4) // clients)
