@@ -46,10 +46,10 @@ def out_of_memory(e: Exception) -> torch.OutOfMemoryError:
     return torch.OutOfMemoryError(f"neuron: {e}")
 
 
-def execution_error(op: str, cause: BaseException) -> BaseException:
+def execution_error(op: str, cause: BaseException, where: str | None = None) -> BaseException:
     """The cause's type when it can carry our message (RuntimeError, IndexError...), naming
-    the op and the user's line that issued it."""
-    message = f"{op} failed on the neuron device (issued at {user_location()}): {cause}"
+    the op and the user's line that issued it (default: the line running now)."""
+    message = f"{op} failed on the neuron device (issued at {where or user_location()}): {cause}"
     try:
         return type(cause)(message)
     except Exception:  # noqa: BLE001  (an exception type with a different constructor)

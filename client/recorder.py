@@ -616,9 +616,4 @@ def _op_named(ops: list[RecOp], name: str) -> RecOp:
 def _located(op: RecOp, cause: BaseException) -> BaseException:
     """The error of a recorded op, raised where the buffer was cut, naming where it was issued."""
     path, line, _ = op.location
-    error = execution_error(op.name, cause)
-    message = f"{op.name} failed on the neuron device (issued at {path}:{line}): {cause}"
-    try:
-        return type(error)(message)
-    except Exception:  # noqa: BLE001
-        return RuntimeError(message)
+    return execution_error(op.name, cause, f"{path}:{line}")
