@@ -218,18 +218,20 @@ def run_all(names: list[str], timeout: int, progress: bool) -> list[Result]:
             "--ops",
             ",".join(names),
         ]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        current = None
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            msg = json.loads(line)
-            if "start" in msg:
-                current = msg["start"]
-                if progress:
-                    print(f"... {current}", file=sys.stderr, flush=True)
-            else:
-                results.append(Result(**msg))
-                current = None
+        with subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        ) as proc:
+            current = None
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                msg = json.loads(line)
+                if "start" in msg:
+                    current = msg["start"]
+                    if progress:
+                        print(f"... {current}", file=sys.stderr, flush=True)
+                else:
+                    results.append(Result(**msg))
+                    current = None
         code = proc.wait()
         if current is not None:  # the worker died inside this op
             results.append(Result(current, False, 0, f"crashed the process (exit code {code})"))

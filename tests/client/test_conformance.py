@@ -136,3 +136,13 @@ def test_opinfo_float32_samples_match_cpu(op):
     result = run_op(op, timeout=120)
     assert result.passed, result.reason
     assert result.samples > 0, "no sample ran on neuron"
+
+
+@pytest.mark.slow
+def test_the_whole_database_passes_at_least_90_percent():
+    """All float32 OpInfo ops, each in a worker process (`make test-slow`, about 2 minutes)."""
+    from tests.conformance import run_all
+
+    results = run_all([], timeout=60, progress=False)
+    passed = sum(r.passed for r in results)
+    assert passed >= 0.9 * len(results), [f"{r.name}: {r.reason}" for r in results if not r.passed]
