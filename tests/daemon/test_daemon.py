@@ -271,7 +271,9 @@ def test_sigterm_drains_and_systemd_readiness(short_tmp):
         assert b"READY=1" in listener.recv(4096)
         client = DaemonCompileClient(d.address, auto_start=False)
         slow = client.submit(request(20, debug_sleep_ms=1500))
-        time.sleep(0.5)  # the compile is running when SIGTERM arrives
+        deadline = time.monotonic() + 30
+        while _stats(d.address).in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)  # SIGTERM must arrive while the compile runs
         d.proc.send_signal(signal.SIGTERM)
         result = slow.result(timeout=60)
         assert result.WhichOneof("outcome") == "executable", (
