@@ -138,13 +138,17 @@ class DaemonCompileClient:
         self._retry_at = time.monotonic() + RECONNECT_AFTER_S
         if self.auto_start:
             info = launcher.ensure_daemon(self.address)
+            if info is not None and not _same_version(info, self.version):
+                # The user's own auto-started daemon from an older installation: replace it
+                # (its clients fall back to compiling in process meanwhile; nothing fails).
+                info = launcher.replace_daemon(self.address, info)
         else:
             info = launcher.get_info(
                 self.address, version=self.version, fmt=compiler.FORMAT_VERSION
             )
         if info is None:
             return None
-        if info.compiler_version != self.version or info.format_version != compiler.FORMAT_VERSION:
+        if not _same_version(info, self.version):
             self._warn(
                 f"the compile daemon at {self.address} runs compiler {info.compiler_version}, this "
                 f"process {self.version}: compiling in process (restart the daemon to share it)"
@@ -221,6 +225,10 @@ class DaemonCompileClient:
 
     def close(self) -> None:
         self._lost("closed")
+
+
+def _same_version(info: svc.GetInfoResponse, version: str) -> bool:
+    return info.compiler_version == version and info.format_version == compiler.FORMAT_VERSION
 
 
 def compile_request(

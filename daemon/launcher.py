@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
 AUTO_IDLE_EXIT_S = 600.0
+_SPAWNED: list[subprocess.Popen[bytes]] = []
 
 
 def get_info(
@@ -44,17 +46,44 @@ def spawn(
     cmd = [sys.executable, "-m", "trnsim.daemon", "--address", address]
     if idle_exit_s is not None:
         cmd += ["--idle-exit", str(idle_exit_s)]
-    out = open(log_file, "ab") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    return subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=out,
-        start_new_session=True,
-        env=env,
-        close_fds=True,
-    )
+    with open(log_file or os.devnull, "ab") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
+    _SPAWNED.append(proc)  # outlives this call on purpose: not reaped or warned about here
+    return proc
+
+
+def replace_daemon(
+    address: str, info: svc.GetInfoResponse, wait_s: float = 30.0
+) -> svc.GetInfoResponse | None:
+    """Stops the daemon answering at address (when it is this user's, on a Unix socket) and
+    starts a fresh one: how an auto-started daemon of an older installation is upgraded."""
+    path = socket_path(address)
+    if path is None or not _owned_by_me(info.pid):
+        return info
+    try:
+        os.kill(info.pid, signal.SIGTERM)  # drains: its running compiles finish first
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and get_info(address, timeout=0.3) is not None:
+        time.sleep(0.05)
+    return ensure_daemon(address)
+
+
+def _owned_by_me(pid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def ensure_daemon(

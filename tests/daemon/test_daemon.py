@@ -355,3 +355,23 @@ def test_client_reconnects_after_the_daemon_returns(short_tmp, monkeypatch):
     finally:
         client.close()
         d.stop()
+
+
+def test_an_auto_started_daemon_of_another_version_is_replaced(short_tmp, monkeypatch):
+    import trnsim.client.compile_client as cc
+
+    d = start_daemon(short_tmp, "--workers", "1")
+    old_pid = launcher.get_info(d.address).pid
+    client = cc.DaemonCompileClient(d.address, auto_start=True)
+    # The running daemon plays one from an older installation.
+    monkeypatch.setattr(cc, "_same_version", lambda info, version: info.pid != old_pid)
+    try:
+        client.compile(request(1).graph, "trn2", executable_pb2.CompileOptions(), None)
+        info = launcher.get_info(d.address)
+        assert info is not None and info.pid != old_pid, "a fresh daemon took over the socket"
+        assert d.proc.wait(timeout=60) == 0, "the old one drained and exited"
+    finally:
+        client.close()
+        new = launcher.get_info(d.address)
+        if new is not None:
+            os.kill(new.pid, signal.SIGTERM)
