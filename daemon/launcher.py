@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import signal
@@ -17,6 +18,14 @@ from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
 AUTO_IDLE_EXIT_S = 600.0
 _SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+@atexit.register
+def _detach_spawned() -> None:
+    """Daemons this process started outlive it by design: not a leaked child."""
+    for proc in _SPAWNED:
+        if proc.poll() is None:
+            proc.returncode = 0
 
 
 def get_info(
