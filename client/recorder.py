@@ -403,14 +403,15 @@ class Recorder:
         rt = self.rt
         host = input_hosts
         scalars = [s for op in ops for s in op.scalars]
-        try:
-            results = loaded.run(host, scalars, rt.generator)
-        except ExecutionError as e:
-            raise _located(_op_named(ops, e.op), e.cause) from e.cause
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
         seen_hosts = [h for h, seen in zip(hosts, observable, strict=True) if seen]
+        try:
+            results = loaded.run(host, scalars, rt.generator, seen_hosts)
+        except ExecutionError as e:
+            raise _located(_op_named(ops, e.op), e.cause) from e.cause
         for h, result in zip(seen_hosts, results, strict=True):
-            h.copy_(result)
+            if result is not h:  # computed elsewhere (no in-place out= kernel): copy it in
+                h.copy_(result)
         timeline = rt.timeline
         timeline.host_work(rt.target.host_submit_ns)
         timeline.enqueue(loaded.modelled_ns, rt.stream, loaded.engine_ns)

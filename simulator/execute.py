@@ -137,6 +137,7 @@ class _Step:
                 self.positional.append(_builder(a))
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
         self.call_op = self.op._op  # the C++ callable behind the OpOverload (skips a frame)
+        self.out_op = _out_variant(self.op) if len(node.outputs) == 1 and not node.aliases else None
         self.n_outputs = len(node.outputs)
         # The layout the graph declares for the output (meta strides). The CPU kernel may pick
         # another (channels_last convolutions); views later in a graph rely on the declared one.
@@ -197,6 +198,18 @@ class _Step:
             return self.op(*args, **kwargs)
         return self.op(*args)
 
+    def run_into(
+        self, inputs: Sequence[Any], env: Env, scalars: Sequence[Any], buffer: Any
+    ) -> None:
+        """Computes straight into `buffer` (right shape and dtype) with the op's out= kernel."""
+        assert self.out_op is not None, "run_into is for ops in _WRITES_OUT_IN_PLACE"
+        args = [b(inputs, env, scalars) for b in self.positional]
+        kwargs = {name: b(inputs, env, scalars) for name, b in self.keywords}
+        ptr = buffer.data_ptr()
+        self.out_op(*args, **kwargs, out=buffer)
+        assert buffer.data_ptr() == ptr, f"{self.name}: out= reallocated its output"
+        env[(self.node, 0)] = buffer
+
     def run(
         self,
         inputs: Sequence[Any],
@@ -245,6 +258,12 @@ class LoadedExecutable:
             if p.engine != executable_pb2.NONE
         }
         self.locations = list(exe.debug.graph.node_locations)
+        # Graph outputs an out= kernel can write straight into the caller's memory.
+        self.writable = {
+            node: k
+            for k, (node, j) in enumerate(self.outputs)
+            if node >= 0 and j == 0 and steps[node].out_op is not None
+        }
         # One op whose outputs are the graph's outputs in order (every eager executable):
         # its result is returned as the op returns it, without an environment.
         self.single = len(self.steps) == 1 and self.outputs == [
@@ -256,7 +275,10 @@ class LoadedExecutable:
         inputs: Sequence[Any],
         scalars: Sequence[Any] = (),
         generator: torch.Generator | None = None,
+        into: Sequence[Any] | None = None,
     ) -> list[Any]:
+        """The graph's outputs. With `into` (the caller's buffer per output), the outputs an
+        out= kernel can compute are written there: those results are the buffers."""
         env: Env = {}
         if self.single:
             step = self.steps[0]
@@ -268,9 +290,14 @@ class LoadedExecutable:
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
             return _flatten(result)
+        writable = self.writable if into is not None else {}
         for step in self.steps:
             try:
-                step.run(inputs, env, scalars, generator)
+                k = writable.get(step.node)
+                if k is not None and into is not None:
+                    step.run_into(inputs, env, scalars, into[k])
+                else:
+                    step.run(inputs, env, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
         return [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
@@ -280,6 +307,50 @@ class LoadedExecutable:
             loc = self.locations[node]
             return f"{loc.file}:{loc.line}"
         return ""
+
+
+# Structured kernels: their out= form writes an out of the right shape where it is. (Some
+# other out= kernels resize `out` while they work, mse_loss's among them: never used here.)
+_WRITES_OUT_IN_PLACE = frozenset(
+    [
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "gelu",
+        "silu",
+        "tanh",
+        "sigmoid",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "neg",
+    ]
+)
+
+
+def _out_variant(op: Any) -> Any:
+    """The op's `out` overload, for ops in _WRITES_OUT_IN_PLACE whose schema is the op's
+    plus `out` (so the same arguments mean the same thing)."""
+    base = op._schema.name.split("::", 1)[-1]
+    if base not in _WRITES_OUT_IN_PLACE or op._schema.overload_name == "out":
+        return None
+    packet = getattr(torch.ops.aten, base)
+    if "out" not in packet.overloads():
+        return None
+    names = [a.name for a in op._schema.arguments]
+    types = [str(a.type) for a in op._schema.arguments]
+    out = packet.out
+    if [a.name for a in out._schema.arguments] != [*names, "out"]:
+        return None
+    if [str(a.type) for a in out._schema.arguments][:-1] != types:
+        return None  # e.g. mul.Scalar against mul.out(Tensor other)
+    return out
 
 
 def _flatten(result: Any) -> list[Any]:

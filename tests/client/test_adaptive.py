@@ -320,3 +320,13 @@ def test_recorded_ops_read_inputs_as_they_were_when_recorded(adaptive):
     y = lin(x.to("neuron"))
     lin.double()  # swaps every parameter's storage (p.data = ...) before y was computed
     assert y.dtype == torch.float32 and torch.equal(y.cpu(), expected)
+
+
+def test_only_in_place_out_kernels_write_device_memory_directly():
+    from trnsim.simulator.execute import _out_variant
+
+    aten = torch.ops.aten
+    assert _out_variant(aten.mm.default) is aten.mm.out
+    assert _out_variant(aten.add.Tensor) is aten.add.out
+    assert _out_variant(aten.mul.Scalar) is None, "its out= takes a Tensor `other`"
+    assert _out_variant(aten.mse_loss.default) is None, "its out= kernel resizes `out`"
