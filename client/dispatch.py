@@ -8,7 +8,7 @@ executable.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -317,14 +317,6 @@ def _graph_arg(value: Any, inputs: list[TensorType], counter: list[int]) -> ArgV
     )
 
 
-def _flat_outputs(out: Sequence[Any]) -> Iterator[Tensor]:
-    for o in out:
-        if isinstance(o, Tensor):
-            yield o
-        elif isinstance(o, (list, tuple)):
-            yield from (x for x in o if isinstance(x, Tensor))
-
-
 def _build(
     rt: runtime.Runtime,
     spec: OpSpec,
@@ -363,11 +355,11 @@ def _build(
                 out_args.append(index)
             out_types.append(tensor_type(meta) if isinstance(meta, Tensor) else inputs[index])
         elif isinstance(meta, (list, tuple)):
-            returns.append(("list", [_nbytes(m) for m in meta]))
+            returns.append(("list", [tensor_type(m).nbytes for m in meta]))
             out_types.extend(tensor_type(m) for m in meta)
             fresh.extend(_meta_of(m) for m in meta)
         elif isinstance(meta, Tensor):
-            returns.append(("fresh", _nbytes(meta)))
+            returns.append(("fresh", tensor_type(meta).nbytes))
             out_types.append(tensor_type(meta))
             fresh.append(_meta_of(meta))
         elif spec.returns_tensor[j] and not dynamic:
@@ -410,13 +402,6 @@ def _build(
 
 def _meta_of(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:
     return tuple(t.shape), tuple(t.stride()), t.dtype
-
-
-def _nbytes(t: Tensor) -> int:
-    if t.numel() == 0:
-        return 0
-    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
-    return span * t.element_size()
 
 
 # -- ops with their own handling ----------------------------------------------------------------

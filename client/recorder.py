@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import threading
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -88,7 +87,6 @@ class Recorder:
         self.graphs: dict[tuple[Any, ...], GraphState] = {}
         self._reset()
         self._compiles: Any = None  # a one-thread pool for in-process background compiles
-        self._lock = threading.Lock()
 
     def _reset(self) -> None:
         self.ops: list[RecOp] = []
@@ -510,6 +508,8 @@ def _executable(result: Any) -> Any:
 def _graph(
     ops: list[RecOp], inputs: list[Tensor], observable: list[bool]
 ) -> tuple[Graph, graph_pb2.GraphDebug]:
+    from trnsim.client.dispatch import tensor_type  # (dispatch imports this module)
+
     made = [
         Value(i, j)
         for i, op in enumerate(ops)
@@ -518,7 +518,7 @@ def _graph(
     ]
     outputs = tuple(v for v, seen in zip(made, observable, strict=True) if seen)
     graph = Graph(
-        tuple(_tensor_type(t) for t in inputs),
+        tuple(tensor_type(t) for t in inputs),
         tuple(op.node() for op in ops),
         outputs,
         num_scalar_inputs=sum(len(op.scalars) for op in ops),
@@ -598,10 +598,6 @@ def _constant(value: Any) -> ArgValue:
     if isinstance(value, (list, tuple)):
         return tuple(_constant(v) for v in value)
     return _graph_arg(value, [], [0])
-
-
-def _tensor_type(t: Tensor) -> TensorType:
-    return TensorType(tuple(t.shape), tuple(t.stride()), dtypes.from_name(str(t.dtype)), 0)
 
 
 def _op_named(ops: list[RecOp], name: str) -> RecOp:

@@ -72,7 +72,6 @@ class Runtime:
         # data_ptr of each live device storage -> the CPU tensor it was made from (same
         # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
         self.hosts: dict[int, torch.Tensor] = {}
-        self.lock = threading.RLock()
         self.recorder: Any = None  # the adaptive-mode Recorder (client/recorder.py), or None
         self.set_mode(settings.eager_mode)
 

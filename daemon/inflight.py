@@ -84,7 +84,11 @@ class InFlight:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self.closed:
-                queued = [j for j in self._jobs.values() if not j.running and j.waiters]
+                queued = [
+                    j
+                    for j in self._jobs.values()
+                    if not j.running and priorities.runnable(j.queued())
+                ]
                 if queued:
                     job = min(queued, key=lambda j: priorities.rank(j.queued()))
                     job.running = True
