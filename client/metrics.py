@@ -26,6 +26,7 @@ COUNTERS = (
     "fused_compiles_requested",
     "fused_compiles_ready",
     "fused_compiles_failed",
+    "fused_fallbacks",  # graphs whose fused executable failed once: op by op from then on
     "internal_outputs",  # recorded outputs nobody could observe: never in HBM
 )
 

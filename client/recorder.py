@@ -13,6 +13,7 @@ reference) stay internal to the fused executable: no HBM accounted, no copy back
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import weakref
 from concurrent.futures import Future
@@ -38,31 +39,61 @@ from trnsim.scheduler import boundaries, compile_policy
 from trnsim.simulator import dtypes, execute
 from trnsim.simulator.execute import ExecutionError
 
+log = logging.getLogger(__name__)
 NOT_RECORDED = object()
 Tensor = torch.Tensor
+_use_count = torch._C._storage_Use_Count
+_getrefcount = sys.getrefcount
+
+
+class _Placeholder:
+    """Where a view call's tensor argument was (its value comes from the op's wiring)."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+TENSOR = _Placeholder()
+
+
+@dataclass(frozen=True, slots=True)
+class ViewCall:
+    """A recorded view: the call with its tensors replaced by TENSOR, and each output's
+    (sizes, strides, storage offset, dtype)."""
+
+    spec: Any  # dispatch.OpSpec
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    types: tuple[tuple[Any, ...], ...]
+
+    def run(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The view of CPU tensors: the same geometry the device view has."""
+        given = iter(tensors)
+        args = [next(given) if a is TENSOR else a for a in self.args]
+        kwargs = {k: next(given) if v is TENSOR else v for k, v in self.kwargs.items()}
+        out = self.spec.op(*args, **kwargs)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 @dataclass(eq=False, slots=True)
 class RecOp:
-    """One recorded op: its per-op entry, its tensor arguments and where each came from."""
+    """One recorded op: its per-op entry, where each tensor argument comes from (a buffer
+    input or an earlier node's output), and the memory of the tensors it made.
+
+    Nothing here holds a tensor the op made or read from the buffer: what outlives the
+    graph is read off the storages' reference counts (see Recorder._observable)."""
 
     name: str
-    # Where each tensor argument comes from (a buffer input or an earlier node's output) and
-    # where this op's floats start among the graph's scalars: the node is built from these
-    # only when a fused compile is asked for.
     wiring: tuple[Value, ...]
+    # Where this op's floats start among the graph's scalars: the node is built from these
+    # only when a fused compile is asked for.
     scalar_offset: int
     entry: Any  # runtime.Entry (None for views)
-    tensors: list[Tensor]
     scalars: list[Any]
-    # The new tensors this op made, held weakly: a strong reference would keep a gradient
-    # from being stolen by AccumulateGrad (it clones tensors someone else holds).
-    refs: list[weakref.ref[Tensor]]
-    storages: list[Any]  # their storages (held: an alias may outlive the tensor)
-    hosts: list[Tensor]  # the CPU tensors whose memory those outputs are
-    types: list[Any]  # views: (sizes, strides, offset) per output; the node's types follow
+    storages: list[Any]  # the device storage of each new tensor (held, not its tensor)
+    hosts: list[Tensor]  # the CPU tensors whose memory those storages are
     location: tuple[str, int, str]
-    view: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None  # views: (spec, args, kwargs)
+    view: ViewCall | None = None
 
     def node(self) -> Node:
         if self.view is not None:
@@ -78,6 +109,19 @@ class GraphState:
     history: compile_policy.GraphHistory = field(default_factory=compile_policy.GraphHistory)
     future: Future[Any] | None = None
     loaded: execute.LoadedExecutable | None = None
+    verified: bool = False  # the fused executable ran once without failing
+    fallback: bool = False  # it failed where op by op did not: this graph runs op by op
+
+
+@dataclass(slots=True)
+class _Known:
+    """A tensor the buffer can name: the value it holds now, checked on use (a weak
+    reference, because ids are reused once a tensor dies; the data pointer, because
+    `t.data = ...` swaps a tensor's memory without an op)."""
+
+    value: Value
+    ref: weakref.ref[Tensor]
+    data_ptr: int
 
 
 class Recorder:
@@ -87,17 +131,17 @@ class Recorder:
         self.graphs: dict[tuple[Any, ...], GraphState] = {}
         self._reset()
         self._compiles: Any = None  # a one-thread pool for in-process background compiles
+        self._warned_fallback = False
 
     def _reset(self) -> None:
         self.ops: list[RecOp] = []
-        # id(tensor) -> (the graph value it holds now, a weak reference to check the id)
-        self.values: dict[int, tuple[Value, weakref.ref[Tensor]]] = {}
+        self.values: dict[int, _Known] = {}  # id(tensor) -> what it holds in the graph
         self.inputs: list[Tensor] = []
         self.input_hosts: list[Tensor] = []
-        self.input_index: dict[int, int] = {}
-        self.storages: set[int] = set()  # storages of tensors made in this buffer
-        # (storage, sizes, strides, offset, dtype) -> the value a tensor of that geometry
-        # holds: an alias made without us (autograd's detached gradients) is the same value.
+        self.input_index: dict[int, tuple[int, int]] = {}  # id(tensor) -> (index, data_ptr)
+        self.storages: set[int] = set()  # data pointers of the storages made in this buffer
+        # (storage, sizes, strides, offset, dtype, conj, neg) -> the value a tensor of that
+        # geometry holds: an alias made without us (autograd's detached gradients) is it.
         self.geometry: dict[tuple[Any, ...], Value] = {}
         self.bases: dict[int, tuple[Value, torch.dtype]] = {}  # storage -> the value owning it
         self.parts: list[Any] = []  # the graph's signature, op by op
@@ -107,9 +151,7 @@ class Recorder:
     # -- recording ------------------------------------------------------------------------------
     def offer(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
-        hazard = any(
-            not t.is_cpu and not self._known(t) and not self._adopt_alias(t) for t in tensors
-        )
+        hazard = any(not t.is_cpu and not self._nameable(t) for t in tensors)
         op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard)
         cut = boundaries.decide(
             len(self.ops), self.stream, op, self.rt.timeline.queue_depth(), self.policy
@@ -122,62 +164,60 @@ class Recorder:
             self.stream = self.rt.stream
         return self._record(spec, entry, tensors, scalars)
 
-    def _adopt_alias(self, t: Tensor) -> bool:
+    def _known(self, t: Tensor) -> Value | None:
+        known = self.values.get(id(t))
+        if known is not None and known.ref() is t and known.data_ptr == t.data_ptr():
+            return known.value
+        return None
+
+    def _nameable(self, t: Tensor) -> bool:
         """False when t shares memory with this buffer in a way the graph cannot name."""
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in self.storages:
-            return True  # memory from before the buffer: a plain input
+        if self._known(t) is not None:
+            return True
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if not ptr or ptr not in self.storages:
+            return True  # memory from before the buffer (or none at all): a plain input
         if t.is_conj() or t.is_neg():
             return False  # a lazily conjugated/negated alias: not the same value
         value = self.geometry.get(_geometry(t, ptr))
         if value is not None:
-            self.values[id(t)] = (value, weakref.ref(t))
+            self._name(t, value)
             return True
         base = self.bases.get(ptr)
         if base is None or t.dtype != base[1]:
             return False
-        # A view made beneath the dispatcher (autograd's reshapes): name it as as_strided of
-        # the tensor that owns the storage, which reproduces it exactly.
+        # A view made beneath the dispatcher (autograd's reshapes, _unsafe_view): name it as
+        # as_strided of the value that owns the storage, which reproduces it exactly.
         spec = _as_strided_spec()
-        args = (t, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
         i = len(self.ops)
-        self.ops.append(
-            RecOp(
-                spec.name,
-                (base[0],),
-                0,
-                None,
-                [t],
-                [],
-                [weakref.ref(t)],
-                [t.untyped_storage()],
-                [],
-                [(t.shape, t.stride(), t.storage_offset(), t.dtype)],
-                ("", 0, ""),
-                (spec, args, {}),
-            )
-        )
-        self.parts.append((spec.op, (base[0],), ((t.shape, t.stride(), t.storage_offset()),)))
-        self.values[id(t)] = (Value(i, 0), weakref.ref(t))
+        types = ((t.shape, stride, offset, t.dtype),)
+        call = ViewCall(spec, (TENSOR, shape, stride, offset), {}, types)
+        self.ops.append(RecOp(spec.name, (base[0],), 0, None, [], [], [], ("", 0, ""), call))
+        self.parts.append((spec.op, (base[0],), types))
+        self._name(t, Value(i, 0))
         self.geometry[_geometry(t, ptr)] = Value(i, 0)
         return True
 
-    def _known(self, t: Tensor) -> bool:
-        entry = self.values.get(id(t))
-        return entry is not None and entry[1]() is t
+    def _name(self, t: Tensor, value: Value) -> None:
+        self.values[id(t)] = _Known(value, weakref.ref(t), t.data_ptr())
 
     def _wire(self, t: Tensor) -> Value:
-        entry = self.values.get(id(t))
-        if entry is not None and entry[1]() is t:  # (an id can be reused once its tensor dies)
-            return entry[0]
+        value = self._known(t)
+        if value is not None:
+            return value
         index = self.input_index.get(id(t))
-        if index is None:
-            index = self.input_index[id(t)] = len(self.inputs)
-            self.inputs.append(t)
+        ptr = t.data_ptr()
+        if index is None or index[1] != ptr:  # (new, or its memory was swapped since)
+            k = len(self.inputs)
+            self.input_index[id(t)] = (k, ptr)
+            self.inputs.append(t)  # held: its id and memory stay its own until the flush
             # Its memory as it is now: `p.data = ...` (Module.to/half) may swap the tensor's
             # storage before the buffer runs, and recorded ops must read what they saw.
             self.input_hosts.append(t if t.is_cpu else self.rt.host_alias(t))
-        return Value(None, index)
+            return Value(None, k)
+        return Value(None, index[0])
 
     def _record(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
         rt = self.rt
@@ -194,12 +234,9 @@ class Recorder:
                 wiring,
                 self.n_scalars,
                 entry,
-                tensors,
                 scalars,
-                [weakref.ref(t) for t in outputs],
                 [t.untyped_storage() for t in outputs],
                 hosts,
-                [],
                 user_frame(),
             )
         )
@@ -234,63 +271,51 @@ class Recorder:
                 j += 1
             else:  # write: the argument itself, now holding this node's result
                 written = tensors[size]
-                self.values[id(written)] = (Value(i, j), weakref.ref(written))
+                self._name(written, Value(i, j))
                 ptr = written.untyped_storage().data_ptr()
                 if ptr in self.storages:
                     self.geometry[_geometry(written, ptr)] = Value(i, j)
-                results.append(tensors[size])
+                results.append(written)
                 j += 1
         if not results:
             return None
         return results[0] if len(results) == 1 else tuple(results)
 
     def _define(self, t: Tensor, value: Value) -> None:
-        self.values[id(t)] = (value, weakref.ref(t))
+        self._name(t, value)
         ptr = t.untyped_storage().data_ptr()
-        self.storages.add(ptr)
-        self.geometry[_geometry(t, ptr)] = value
-        self.bases[ptr] = (value, t.dtype)
+        if ptr:  # (empty tensors have no memory to alias)
+            self.storages.add(ptr)
+            self.geometry[_geometry(t, ptr)] = value
+            self.bases[ptr] = (value, t.dtype)
 
     def view(self, spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        """A view of a tensor made in this buffer becomes a node, so later ops find it."""
+        """A view of a tensor this buffer can name becomes a node, so later ops find it."""
         tensors = [a for a in args if isinstance(a, Tensor)]
-        if not any(self._known(t) for t in tensors):
-            if not all(self._adopt_alias(t) for t in tensors):
+        tensors += [v for v in kwargs.values() if isinstance(v, Tensor)]
+        if not any(self._known(t) is not None for t in tensors):
+            if not all(self._nameable(t) for t in tensors):
                 self.flush("hazard")  # a view of buffer memory through an alias we never saw
                 return
-            if not any(self._known(t) for t in tensors):
-                return
+            if not any(self._known(t) is not None for t in tensors):
+                return  # a view of memory from before the buffer: an input when used
         outs = result if isinstance(result, (list, tuple)) else (result,)
         wiring = tuple([self._wire(t) for t in tensors])
         i = len(self.ops)
-        refs = [weakref.ref(o) for o in outs]
-        storages = [o.untyped_storage() for o in outs]
-        shapes = tuple([(o.shape, o.stride(), o.storage_offset(), o.dtype) for o in outs])
-        self.ops.append(
-            RecOp(
-                spec.name,
-                wiring,
-                0,
-                None,
-                tensors,
-                [],
-                refs,
-                storages,
-                [],
-                list(shapes),
-                ("", 0, ""),
-                (spec, args, kwargs),
-            )
+        types = tuple([(o.shape, o.stride(), o.storage_offset(), o.dtype) for o in outs])
+        call = ViewCall(
+            spec,
+            tuple(TENSOR if isinstance(a, Tensor) else a for a in args),
+            {k: TENSOR if isinstance(v, Tensor) else v for k, v in kwargs.items()},
+            types,
         )
+        self.ops.append(RecOp(spec.name, wiring, 0, None, [], [], [], ("", 0, ""), call))
         # Same inputs and same output geometry: the same view (its arguments follow).
-        self.parts.append((spec.op, wiring, shapes))
-        values, geometry = self.values, self.geometry
-        for j, (o, ref, storage, shape) in enumerate(
-            zip(outs, refs, storages, shapes, strict=True)
-        ):
+        self.parts.append((spec.op, wiring, types))
+        for j, o in enumerate(outs):
             value = Value(i, j)
-            values[id(o)] = (value, ref)
-            geometry[(storage.data_ptr(), *shape, o.is_conj(), o.is_neg())] = value
+            self._name(o, value)
+            self.geometry[_geometry(o, o.untyped_storage().data_ptr())] = value
 
     # -- cutting and running --------------------------------------------------------------------
     def flush(self, reason: str) -> None:
@@ -298,8 +323,8 @@ class Recorder:
             return
         ops, inputs, parts, stream = self.ops, self.inputs, self.parts, self.stream
         input_hosts = self.input_hosts
-        observable = self._observable(ops)
         self._reset()
+        observable = _observable(ops)
         counts = self.rt.metrics.counts
         counts["graphs_formed"] += 1
         counts[f"cut_{reason}"] = counts.get(f"cut_{reason}", 0) + 1
@@ -311,112 +336,99 @@ class Recorder:
         self._collect(state)
         current, self.rt.stream = self.rt.stream, stream  # the work goes where it was issued
         try:
-            if state.loaded is not None:
-                self._run_fused(state.loaded, ops, input_hosts, observable)
+            if state.loaded is not None and not state.fallback:
+                self._run_fused(state, ops, input_hosts, observable)
             else:
-                self._run_op_by_op(ops, input_hosts)
+                self._run_op_by_op(ops, input_hosts, observable)
                 self._maybe_request(state, ops, inputs, observable)
         finally:
             self.rt.stream = current
         self._account(ops, observable)
 
-    def _observable(self, ops: list[RecOp]) -> list[bool]:
-        """Per new output: can anything outside the buffer see it after the graph? Its tensor
-        is referenced from outside (or a live view of it is), or another tensor shares its
-        storage (an alias made without us: autograd's detached gradients, .data)."""
-        held: dict[int, int] = {}  # ops later in the buffer hold their input tensors
-        for op in ops:
-            for t in op.tensors:
-                held[id(t)] = held.get(id(t), 0) + 1
-        alive: list[list[bool]] = []
-        for op in ops:
-            flags = []
-            for ref in op.refs:
-                live = ref()
-                # getrefcount counts its argument and our local `live`
-                flags.append(live is not None and sys.getrefcount(live) - 2 > held.get(id(live), 0))
-                del live
-            alive.append(flags)
-        index = {
-            id(r()): (o, k)
-            for o, op in enumerate(ops)
-            for k, r in enumerate(op.refs)
-            if r() is not None
-        }
-        for o in range(len(ops) - 1, -1, -1):  # a live view keeps its base observable
-            if ops[o].entry is None and any(alive[o]):
-                for t in ops[o].tensors:
-                    if id(t) in index:
-                        b, k = index[id(t)]
-                        alive[b][k] = True
-        users: dict[int, int] = {}  # storage -> tensors of this buffer still on it
-        for op in ops:
-            for ref, storage in zip(op.refs, op.storages, strict=True):
-                if ref() is not None:
-                    users[storage.data_ptr()] = users.get(storage.data_ptr(), 0) + 1
-        for o, op in enumerate(ops):
-            for k, storage in enumerate(op.storages):
-                ptr = storage.data_ptr()
-                # + 1: the storage object we hold
-                if ptr == 0 or torch._C._storage_Use_Count(storage._cdata) > users.get(ptr, 0) + 1:
-                    alive[o][k] = True
-        return [
-            flag
-            for op, flags in zip(ops, alive, strict=True)
-            if op.entry is not None
-            for flag in flags
-        ]
-
-    def _run_op_by_op(self, ops: list[RecOp], input_hosts: list[Tensor]) -> None:
+    def _run_op_by_op(
+        self, ops: list[RecOp], input_hosts: list[Tensor], observable: list[bool]
+    ) -> None:
+        """Each op on its own executable, over the CPU memory its arguments name: the same
+        values a fused run computes, one launch per op."""
         rt = self.rt
         counts = rt.metrics.counts
         counts["op_by_op_graphs"] += 1
-        for op in ops:
-            if op.entry is None:
-                continue  # views exist already: same storage, new metadata
-            inputs = [
-                input_hosts[v.index] if v.node is None else rt.host_alias(t)
-                for t, v in zip(op.tensors, op.wiring, strict=True)
-            ]
+        env: dict[Value, Any] = {}
+        seen = iter(observable)
+        for i, op in enumerate(ops):
+            args = [input_hosts[v.index] if v.node is None else env[v] for v in op.wiring]
+            if op.view is not None:  # no launch: a view is metadata
+                for j, out in enumerate(op.view.run(args)):
+                    env[Value(i, j)] = out
+                continue
             try:
-                results = op.entry.loaded.run(inputs, op.scalars, rt.generator)
+                results = op.entry.loaded.run(args, op.scalars, rt.generator)
             except ExecutionError as e:
                 raise _located(op, e.cause) from e.cause
             made = iter(op.hosts)
             kinds = _flat_kinds(op.entry.returns)
-            assert len(kinds) == len(results), (op.name, op.entry.returns, len(results))
-            for (kind, _), result in zip(kinds, results, strict=True):
+            if len(kinds) != len(results):
+                raise _located(op, RuntimeError(f"{len(results)} results, {len(kinds)} expected"))
+            for j, ((kind, _), result) in enumerate(zip(kinds, results, strict=True)):
                 if kind == "fresh":
-                    next(made).copy_(result)
+                    result = _settle(next(made), result, next(seen))
+                env[Value(i, j)] = result
             rt.launch(op.entry.loaded)
             counts["op_by_op_ops"] += 1
 
     def _run_fused(
         self,
-        loaded: execute.LoadedExecutable,
+        state: GraphState,
         ops: list[RecOp],
         input_hosts: list[Tensor],
         observable: list[bool],
     ) -> None:
+        """One launch of the graph's fused executable. Its first run keeps a copy of the
+        inputs: if it fails, they are put back and the graph runs op by op from then on (the
+        fused path is at fault; op by op names the user's op if the fault is theirs)."""
         rt = self.rt
-        host = input_hosts
+        loaded = state.loaded
+        assert loaded is not None
         scalars = [s for op in ops for s in op.scalars]
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
         seen_hosts = [h for h, seen in zip(hosts, observable, strict=True) if seen]
+        saved = None if state.verified else [h.clone() for h in input_hosts]
         try:
-            results = loaded.run(host, scalars, rt.generator, seen_hosts)
-        except ExecutionError as e:
-            raise _located(_op_named(ops, e.op), e.cause) from e.cause
+            results = loaded.run(input_hosts, scalars, rt.generator, seen_hosts)
+            if len(results) != len(seen_hosts):
+                raise RuntimeError(f"{len(results)} outputs, {len(seen_hosts)} expected")
+        except Exception as e:  # noqa: BLE001  (whatever failed, op by op decides)
+            if saved is None:
+                cause = e.cause if isinstance(e, ExecutionError) else e
+                raise _located(_op_named(ops, getattr(e, "op", "")), cause) from cause
+            for h, copy in zip(input_hosts, saved, strict=True):
+                h.copy_(copy)
+            self._fall_back(state, e)
+            self._run_op_by_op(ops, input_hosts, observable)
+            return
+        state.verified = True
         for h, result in zip(seen_hosts, results, strict=True):
             if result is not h:  # computed elsewhere (no in-place out= kernel): copy it in
                 h.copy_(result)
         timeline = rt.timeline
         timeline.host_work(rt.target.host_submit_ns)
         timeline.enqueue(loaded.modelled_ns, rt.stream, loaded.engine_ns)
-        rt.metrics.counts["launches"] += 1
-        rt.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
-        rt.metrics.counts["fused_executions"] += 1
-        rt.metrics.counts["fused_ops"] += sum(1 for op in ops if op.entry is not None)
+        counts = rt.metrics.counts
+        counts["launches"] += 1
+        counts["hbm_bytes"] += loaded.hbm_bytes
+        counts["fused_executions"] += 1
+        counts["fused_ops"] += sum(1 for op in ops if op.entry is not None)
+
+    def _fall_back(self, state: GraphState, error: BaseException) -> None:
+        state.fallback = True
+        self.rt.metrics.counts["fused_fallbacks"] += 1
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            log.warning(
+                "a fused graph failed where its ops run one by one may not (%s); this graph "
+                "runs op by op from now on (counter fused_fallbacks)",
+                error,
+            )
 
     def _account(self, ops: list[RecOp], observable: list[bool]) -> None:
         """HBM for the outputs that outlive the graph; the others were internal."""
@@ -439,7 +451,7 @@ class Recorder:
     ) -> None:
         rt = self.rt
         n = sum(1 for op in ops if op.entry is not None)
-        if n < 2:
+        if n < 2 or state.fallback:
             return
         t = rt.target
         saving = compile_policy.predicted_saving_ns(
@@ -490,6 +502,36 @@ class Recorder:
         counts["fused_compiles_ready"] += 1
 
 
+def _observable(ops: list[RecOp]) -> list[bool]:
+    """Per new output: can anything see its memory after the graph? Exactly when something
+    besides the recorder holds its storage: a tensor on it (the output itself, a view, an
+    alias made beneath the dispatcher, a tensor autograd saved for backward) or the storage
+    object. The recorder holds no tensor of the buffer, only the storage, once."""
+    flags = []
+    for op in ops:
+        if op.entry is None:
+            continue
+        for storage in op.storages:
+            # refs to the storage object: op.storages, this loop's name, the call's argument
+            flags.append(_use_count(storage._cdata) > 1 or _getrefcount(storage) > 3)
+    return flags
+
+
+def _settle(host: Tensor, result: Tensor, seen: bool) -> Tensor:
+    """Where an op-by-op result lives from now on: the output's device memory when the
+    output outlives the graph or the kernel's layout differs from the declared one, else
+    the kernel's own result (no copy)."""
+    if (
+        not seen
+        and result.stride() == host.stride()
+        and result.shape == host.shape
+        and result.dtype == host.dtype
+        and result.storage_offset() == 0
+    ):
+        return result
+    return host.copy_(result)
+
+
 def _executable(result: Any) -> Any:
     """An Executable from an in-process compile or a daemon CompileResult (None: failed)."""
     from trnsim.protos import compile_service_pb2 as svc
@@ -530,17 +572,22 @@ def _graph(
 
 
 def _view_node(op: RecOp) -> Node:
-    assert op.view is not None
-    spec, args, kwargs = op.view
+    call = op.view
+    assert call is not None
     wiring = iter(op.wiring)
+    spec = call.spec
+
+    def arg(value: Any) -> ArgValue:
+        return next(wiring) if value is TENSOR else _constant(value)
+
     named: list[tuple[str, ArgValue]] = []
-    for k, a in enumerate(args):
+    for k, a in enumerate(call.args):
         name = spec.positional_names[k] if k < len(spec.positional_names) else f"arg{k}"
-        named.append((name, next(wiring) if isinstance(a, Tensor) else _constant(a)))
-    named += [(name, _constant(v)) for name, v in kwargs.items()]
+        named.append((name, arg(a)))
+    named += [(name, arg(v)) for name, v in call.kwargs.items()]
     types = tuple(
         TensorType(tuple(shape), tuple(stride), dtypes.from_name(str(dtype)), offset)
-        for shape, stride, offset, dtype in op.types
+        for shape, stride, offset, dtype in call.types
     )
     return Node(spec.name, tuple(named), types, tuple(Alias(j, 0) for j in range(len(types))))
 

@@ -198,6 +198,20 @@ class _Step:
             return self.op(*args, **kwargs)
         return self.op(*args)
 
+    def conform(self, result: Any) -> Any:
+        """The result in the layout the graph declares (the Meta kernel's), as a device's
+        kernel would write it: views and strides read later depend on it."""
+        declared = self.declared
+        assert declared is not None
+        if (
+            isinstance(result, torch.Tensor)
+            and result.stride() != declared[1]
+            and tuple(result.shape) == declared[0]
+        ):
+            conformed = torch.empty_strided(declared[0], declared[1], dtype=result.dtype)
+            return conformed.copy_(result)
+        return result
+
     def run_into(
         self, inputs: Sequence[Any], env: Env, scalars: Sequence[Any], buffer: Any
     ) -> None:
@@ -218,14 +232,8 @@ class _Step:
         generator: torch.Generator | None,
     ) -> None:
         result = self.call(inputs, env, scalars, generator)
-        declared = self.declared
-        if (
-            declared is not None
-            and isinstance(result, torch.Tensor)
-            and result.stride() != declared[1]
-        ) and tuple(result.shape) == declared[0]:
-            conformed = torch.empty_strided(declared[0], declared[1], dtype=result.dtype)
-            result = conformed.copy_(result)
+        if self.declared is not None:
+            result = self.conform(result)
         if isinstance(result, (tuple, list)):
             for j, r in enumerate(result):
                 env[(self.node, j)] = r
@@ -289,6 +297,8 @@ class LoadedExecutable:
                     result = step.call(inputs, env, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
+            if step.declared is not None:
+                result = step.conform(result)
             return _flatten(result)
         writable = self.writable if into is not None else {}
         for step in self.steps:

@@ -16,6 +16,8 @@ import torch
 from train_gpt import GPT, GPTConfig, make_batches, train
 from trnsim.client import env, runtime
 
+from tests.client.differential import assert_modes_agree
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -330,3 +332,23 @@ def test_only_in_place_out_kernels_write_device_memory_directly():
     assert _out_variant(aten.add.Tensor) is aten.add.out
     assert _out_variant(aten.mul.Scalar) is None, "its out= takes a Tensor `other`"
     assert _out_variant(aten.mse_loss.default) is None, "its out= kernel resizes `out`"
+
+
+# -- regressions: each the smallest op sequence that showed a bug ---------------------------
+def test_output_whose_alias_autograd_saved_outlives_the_graph():
+    """Llama trained to NaN: a 3-D linear's mm output is aliased beneath the dispatcher
+    (_unsafe_view); mul saves that alias for backward; a sync cut the graph before backward.
+    The mm output was judged internal (never written), and backward read garbage."""
+    w, x = torch.randn(8, 4), torch.randn(2, 3, 4)
+    wd, xd = w.to("neuron").requires_grad_(), x.to("neuron")
+
+    def program():
+        wd.grad = None
+        h = torch.nn.functional.linear(xd, wd)
+        loss = (h * h).sum()
+        loss.item()  # cuts the graph between forward and backward
+        loss.backward()
+        return [loss, wd.grad]
+
+    counts = assert_modes_agree(program)
+    assert counts["fused_executions"] > 0
