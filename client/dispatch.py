@@ -192,8 +192,22 @@ def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             rt.allocator.free(block)
             raise execution_error(spec.name, e.cause) from e.cause
         rt.launch(entry.loaded)
+        if not entry.verified:
+            _verify(entry, [out])
         return rt.adopt(to_device(out), block, out)
     return _execute(rt, spec, entry, tensors, scalars)
+
+
+def _verify(entry: runtime.Entry, made: list[Tensor]) -> None:
+    """A signature's first run: do the tensors it made have the metadata the Meta kernels
+    gave (what adaptive mode hands out before running anything)? If not, it is never
+    recorded: it runs on its own, as here."""
+    entry.verified = True
+    if len(made) != len(entry.fresh) or any(
+        tuple(t.shape) != shape or tuple(t.stride()) != stride or t.dtype != dtype
+        for t, (shape, stride, dtype) in zip(made, entry.fresh, strict=False)
+    ):
+        entry.fusible = False
 
 
 def _execute(
@@ -227,13 +241,17 @@ def _execute(
         rt.synchronize()
         rt.metrics.counts["dynamic_shape_ops"] += 1
     results: list[Any] = []
+    made: list[Tensor] = []
     next_block = iter(blocks)
     flat = iter(outs)  # the executable's outputs, lists flattened
     for kind, size in entry.returns:
         if kind == "fresh":
-            results.append(_adopt(rt, next(flat), next(next_block), entry.dynamic))
+            made.append(_adopt(rt, next(flat), next(next_block), entry.dynamic))
+            results.append(made[-1])
         elif kind == "list":
-            results.append([_adopt(rt, next(flat), next(next_block), entry.dynamic) for _ in size])
+            items = [_adopt(rt, next(flat), next(next_block), entry.dynamic) for _ in size]
+            made.extend(items)
+            results.append(items)
         elif kind == "write":
             next(flat)
             results.append(tensors[size])
@@ -243,6 +261,8 @@ def _execute(
         else:  # a Python value: the host needed the device's answer
             rt.synchronize()
             results.append(next(flat))
+    if not entry.verified:
+        _verify(entry, made)
     if not results:
         return None
     return results[0] if len(results) == 1 else tuple(results)

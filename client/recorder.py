@@ -152,7 +152,7 @@ class Recorder:
     def offer(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
         hazard = any(not t.is_cpu and not self._nameable(t) for t in tensors)
-        op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard)
+        op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard, entry.verified)
         cut = boundaries.decide(
             len(self.ops), self.stream, op, self.rt.timeline.queue_depth(), self.policy
         )

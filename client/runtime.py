@@ -41,6 +41,9 @@ class Entry:
     node: Node | None = None
     fresh: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = field(default_factory=list)
     fusible: bool = False
+    # Its outputs were checked on a real run against `fresh` (the Meta kernels' metadata,
+    # which recording hands out before anything runs); a mismatch makes it unfusible.
+    verified: bool = False
 
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)

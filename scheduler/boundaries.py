@@ -14,6 +14,7 @@ class Cut(Enum):
     NONE = "none"  # keep recording
     SYNC = "sync"  # the host needs results (item, cpu, print, synchronize)
     DYNAMIC_SHAPE = "dynamic_shape"  # output shape depends on data: run it now
+    FIRST_SIGHT = "first_sight"  # an op signature never run: run it now, check its outputs
     NOT_FUSIBLE = "not_fusible"  # the compiler cannot put it in a graph: run it now
     STREAM_CHANGE = "stream_change"
     SIZE_CAP = "size_cap"
@@ -23,7 +24,7 @@ class Cut(Enum):
     @property
     def runs_op_eagerly(self) -> bool:
         """True: after the cut the op itself runs on its own, not recorded."""
-        return self in (Cut.DYNAMIC_SHAPE, Cut.NOT_FUSIBLE)
+        return self in (Cut.DYNAMIC_SHAPE, Cut.NOT_FUSIBLE, Cut.FIRST_SIGHT)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class NextOp:
     dynamic: bool
     stream: int
     hazard: bool = False
+    # The op's outputs were seen to match the metadata recording hands out (shapes from
+    # Meta kernels, which disagree with the CPU's for a few ops: batch norm in eval...).
+    verified: bool = True
 
 
 def decide(
@@ -53,6 +57,8 @@ def decide(
         return Cut.DYNAMIC_SHAPE
     if not op.fusible:
         return Cut.NOT_FUSIBLE
+    if not op.verified:
+        return Cut.FIRST_SIGHT
     if buffered == 0:
         return Cut.NONE
     if op.stream != buffer_stream:

@@ -23,6 +23,8 @@ OK = NextOp(fusible=True, dynamic=False, stream=0)
         (3, 0, NextOp(True, True, 0), 5, Cut.DYNAMIC_SHAPE),
         (3, 0, NextOp(False, False, 0), 5, Cut.NOT_FUSIBLE),
         (0, 0, NextOp(False, False, 0), 5, Cut.NOT_FUSIBLE),
+        (3, 0, NextOp(True, False, 0, verified=False), 5, Cut.FIRST_SIGHT),
+        (0, 0, NextOp(True, False, 0, verified=False), 5, Cut.FIRST_SIGHT),
         (3, 0, NextOp(True, False, 1), 5, Cut.STREAM_CHANGE),
         (3, 0, NextOp(True, False, 0, hazard=True), 5, Cut.HAZARD),
         (8, 0, OK, 5, Cut.SIZE_CAP),
@@ -37,6 +39,7 @@ def test_decide(buffered, stream, op, depth, expected):
 
 def test_which_cuts_run_the_op_on_its_own():
     assert Cut.NOT_FUSIBLE.runs_op_eagerly and Cut.DYNAMIC_SHAPE.runs_op_eagerly
+    assert Cut.FIRST_SIGHT.runs_op_eagerly
     assert not Cut.SIZE_CAP.runs_op_eagerly and not Cut.SYNC.runs_op_eagerly
 
 
