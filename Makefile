@@ -14,9 +14,9 @@ setup: $(STAMP)
 # loses a file (the folder's mtime changes) or a .proto changes.
 $(STAMP): pyproject.toml protos/*.proto $(addsuffix /.,$(PACKAGES))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned: the CPU build on this machine's disk (never a CUDA download).
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
+	# torch pinned on the same command line as everything else: the CPU build on this
+	# machine's disk, which no test library (transformers...) can replace with a CUDA download.
+	$(PY) -m pip install --quiet torch==2.13.0 -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 lint: setup

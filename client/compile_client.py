@@ -38,6 +38,9 @@ class CompileClient(Protocol):
         debug: graph_pb2.GraphDebug | None,
     ) -> executable_pb2.Executable: ...
 
+    def close(self) -> None:
+        """Releases what the client holds (the daemon stream); compiles still work after."""
+
 
 class InProcessCompileClient:
     """Compiles in this process: the baseline, and the fallback when no daemon answers."""
@@ -54,6 +57,9 @@ class InProcessCompileClient:
     ) -> executable_pb2.Executable:
         self.compiles += 1
         return compiler.compile(graph, target, options, debug)
+
+    def close(self) -> None:
+        pass
 
 
 class DaemonUnavailable(RuntimeError):

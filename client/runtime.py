@@ -91,6 +91,14 @@ class Runtime:
             self.recorder = getattr(self, "_recorder_kept", None) or Recorder(self)
         self.mode = mode
 
+    def close(self) -> None:
+        """Runs what was recorded and lets go of the compile daemon's stream: for a runtime
+        replaced by another one in the same process (tests, harnesses)."""
+        try:
+            self.flush("sync")
+        finally:
+            self.compiler.close()
+
     def flush(self, reason: str) -> None:
         """Runs whatever the adaptive recorder holds (a sync point or a hazard)."""
         if self.recorder is not None:

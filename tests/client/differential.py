@@ -41,6 +41,7 @@ def run_in_mode(
         rt.flush("sync")
         return results, dict(rt.metrics.counts)
     finally:
+        rt.close()
         runtime._runtime = saved
 
 
@@ -72,10 +73,11 @@ def same_bits(a: Any, b: Any) -> bool:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.resolve_conj().resolve_neg().contiguous()
+    flat = torch.empty(t.numel(), dtype=t.dtype)  # standard strides, whatever t's are
+    flat.copy_(t.resolve_conj().resolve_neg().reshape(-1))
     if t.dtype == torch.bool or t.numel() == 0:
-        return t
-    return t.reshape(-1).view(torch.uint8)
+        return flat
+    return flat.view(torch.uint8)
 
 
 def first_difference(a: list[Any], b: list[Any]) -> int | None:

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 from train_gpt import GPT, GPTConfig, make_batches, train
 from trnsim.client import env, runtime
 
-from tests.client.differential import assert_modes_agree
+from tests.client.differential import assert_modes_agree, wait_for_fused_compiles
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,16 +28,8 @@ def adaptive():
     try:
         yield runtime._runtime
     finally:
-        runtime._runtime.flush("sync")
+        runtime._runtime.close()
         runtime._runtime = saved
-
-
-def _wait_for_fused_compiles(rt) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any(
-        s.future is not None and not s.future.done() for s in rt.recorder.graphs.values()
-    ):
-        time.sleep(0.01)
 
 
 def test_gpt_trains_bit_identically_and_runs_fused(adaptive):
@@ -57,7 +48,7 @@ def test_gpt_trains_bit_identically_and_runs_fused(adaptive):
     counts = []
 
     def on_step(step: int, loss: float) -> None:
-        _wait_for_fused_compiles(adaptive)
+        wait_for_fused_compiles(adaptive)
         counts.append(dict(adaptive.metrics.counts))
 
     losses = train(model, batches, "neuron", on_step=on_step)
@@ -153,7 +144,7 @@ def test_a_failed_fused_compile_keeps_running_op_by_op(adaptive, monkeypatch):
     for _ in range(6):
         y = ((x * 2 + 1).relu() * 3).sum()
         results.append(y.item())
-        _wait_for_fused_compiles(adaptive)
+        wait_for_fused_compiles(adaptive)
     expected = ((x.cpu() * 2 + 1).relu() * 3).sum().item()
     assert results == [expected] * 6
     m = adaptive.metrics.counts
@@ -234,7 +225,7 @@ def _train_mlp(model, device, steps=8):
         opt.step()
         losses.append(loss.item())
         if device == "neuron":
-            _wait_for_fused_compiles(runtime.get())
+            wait_for_fused_compiles(runtime.get())
     return losses
 
 
@@ -256,7 +247,7 @@ def _repeat(fn, times: int = 4) -> list:
     out = []
     for _ in range(times):
         out.append(fn())
-        _wait_for_fused_compiles(runtime.get())
+        wait_for_fused_compiles(runtime.get())
     return out
 
 
@@ -315,7 +306,7 @@ def test_batch_norm_running_stats_survive_fusion(adaptive):
         cpu(x)
         dev(x.to("neuron"))
         torch.neuron.synchronize()
-        _wait_for_fused_compiles(adaptive)
+        wait_for_fused_compiles(adaptive)
     assert torch.equal(dev.running_mean.cpu(), cpu.running_mean)
     assert torch.equal(dev.running_var.cpu(), cpu.running_var)
 

@@ -1,0 +1,10 @@
+"""The zoo's modules import each other as scripts do (`from models import ZOO`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
