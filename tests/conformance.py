@@ -1,10 +1,13 @@
 """PyTorch's own OpInfo database, float32 forward samples, on neuron vs CPU.
 
-    python tests/conformance.py [--ops add,mm,...] [--timeout 60]
+    python tests/conformance.py [--ops add,mm,...] [--timeout 60] [--mode adaptive]
 
 Prints one line per failing op with the reason, then `N passed, M failed`. An op passes
 when every float32 sample gives the CPU's result (values, dtype, shape). Ops listed in
 NOT_COMPARABLE run but are compared on shape and dtype only, with the reason printed.
+
+--mode adaptive: each sample also runs REPEATS times in adaptive mode (recorded, and fused
+once its graph's compile is in) and must give eager mode's result bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,6 +61,13 @@ NOT_COMPARABLE = {
         "torch._scaled_mm",
     )
 }
+
+
+# Ops whose results are uninitialised memory: adaptive and eager are compared on shape,
+# dtype and strides only.
+UNINITIALIZED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+UNINITIALIZED |= {"empty_permuted"}
+REPEATS = 4  # adaptive: first sight runs on its own, second op by op, then fused
 
 
 # Ops known to fail, and why; they still run (and are reported) every time.
@@ -133,7 +144,35 @@ def _compare(expected: Any, actual: Any, values: bool) -> None:
         assert expected == actual, (expected, actual)
 
 
-def run_op(op: Any, timeout: int) -> Result:
+def _layout(value: Any) -> Any:
+    """Shapes, strides and dtypes of the tensors in a result."""
+    flat, _ = tree_flatten(value)
+    return [(t.shape, t.stride(), t.dtype) for t in flat if isinstance(t, torch.Tensor)]
+
+
+def _same_as_eager(op: Any, sample: Any, eager: Any) -> None:
+    """The sample in adaptive mode, REPEATS times: bit for bit eager mode's result."""
+    from trnsim.client import runtime
+
+    from tests.client.differential import same_bits, to_cpu, wait_for_fused_compiles
+
+    bits = op.name not in UNINITIALIZED
+    torch.neuron.set_eager_mode("adaptive")
+    try:
+        for k in range(REPEATS):
+            dev_input, dev_args, dev_kwargs = _moved(sample)  # type: ignore[misc]
+            torch.manual_seed(0)
+            got = to_cpu(op(dev_input, *dev_args, **dev_kwargs))
+            wait_for_fused_compiles(runtime.get())
+            if bits:
+                assert same_bits(eager, got), f"repetition {k}: adaptive differs from eager"
+            else:
+                assert _layout(eager) == _layout(got), f"repetition {k}: adaptive's layout"
+    finally:
+        torch.neuron.set_eager_mode("eager")
+
+
+def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     values = op.name not in NOT_COMPARABLE
     count = 0
@@ -160,6 +199,10 @@ def run_op(op: Any, timeout: int) -> Result:
             torch.manual_seed(0)
             actual = op(dev_input, *dev_args, **dev_kwargs)
             _compare(expected, actual, values)
+            if mode == "adaptive":
+                from tests.client.differential import to_cpu
+
+                _same_as_eager(op, sample, to_cpu(actual))
             count += 1
     except _Timeout:
         return Result(name, False, count, f"over the {timeout} s limit")
@@ -183,7 +226,7 @@ def float32_ops(names: Iterable[str] | None = None) -> list[Any]:
     return ops
 
 
-def _worker(names: list[str], start: int, timeout: int) -> None:
+def _worker(names: list[str], start: int, timeout: int, mode: str) -> None:
     """Runs ops from index `start`, one JSON line per op; the parent survives our crashes."""
     import json
 
@@ -195,11 +238,11 @@ def _worker(names: list[str], start: int, timeout: int) -> None:
             ),
             flush=True,
         )
-        r = run_op(op, timeout)
+        r = run_op(op, timeout, mode)
         print(json.dumps(r.__dict__), flush=True)
 
 
-def run_all(names: list[str], timeout: int, progress: bool) -> list[Result]:
+def run_all(names: list[str], timeout: int, progress: bool, mode: str = "eager") -> list[Result]:
     """All ops in worker processes: an op that crashes the process fails alone."""
     import json
     import subprocess
@@ -217,6 +260,8 @@ def run_all(names: list[str], timeout: int, progress: bool) -> list[Result]:
             str(timeout),
             "--ops",
             ",".join(names),
+            "--mode",
+            mode,
         ]
         with subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -245,16 +290,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all)")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per op")
     parser.add_argument("--progress", action="store_true", help="name each op on stderr")
+    parser.add_argument(
+        "--mode",
+        choices=("eager", "adaptive"),
+        default="eager",
+        help="adaptive: also check every sample in adaptive mode against eager, bit for bit",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # OpInfo samples trigger many deprecation warnings
     names = [n for n in args.ops.split(",") if n]
     if args.worker:
-        _worker(names, args.start, args.timeout)
+        _worker(names, args.start, args.timeout, args.mode)
         return 0
     start = time.time()
-    results = run_all(names, args.timeout, args.progress)
+    results = run_all(names, args.timeout, args.progress, args.mode)
     failed = [r for r in results if not r.passed]
     for r in failed:
         why = EXPLAINED.get(r.name)
@@ -264,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"shape/dtype only {r.name}: {r.reason}")
     passed = len(results) - len(failed)
     print(
-        f"{len(results)} ops with float32 samples, {time.time() - start:.0f} s; "
+        f"{len(results)} ops with float32 samples ({args.mode} mode), "
+        f"{time.time() - start:.0f} s; "
         f"{100 * passed / max(1, len(results)):.1f} % pass fully"
     )
     print(f"{passed} passed, {len(failed)} failed")
@@ -272,4 +324,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (tests.client.differential)
     sys.exit(main())

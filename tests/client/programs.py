@@ -21,7 +21,7 @@ import torch
 from hypothesis import strategies as st
 
 Instruction = tuple[str, int, int, int]
-MAX_SLOTS = 10
+MAX_SLOTS = 8
 
 
 @dataclass
@@ -35,6 +35,7 @@ class Machine:
     log: list[Any] = field(default_factory=list)
     optimizer: torch.optim.Optimizer | None = None
     stream: Any = None
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None  # batch norm's running statistics
 
     @classmethod
     def start(cls, device: str) -> Machine:
@@ -90,6 +91,7 @@ class Machine:
         for t in self.pool():
             out.append((tuple(t.shape), tuple(t.stride()), t.storage_offset(), _cpu(t)))
         out.extend(_cpu(p.grad) if p.grad is not None else None for p in self.params)
+        out.extend(_cpu(s) for s in self.stats or ())
         return out
 
 
@@ -109,6 +111,24 @@ def _first_line(e: BaseException) -> str:
 
 def _same_shape(t: torch.Tensor) -> Callable[[torch.Tensor], bool]:
     return lambda u: u.shape == t.shape and u.is_floating_point()
+
+
+def _no_overlap(t: torch.Tensor) -> bool:
+    """No two elements share memory (an expanded view cannot be written)."""
+    return bool(torch._debug_has_internal_overlap(t) == 0)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _apart(
+    t: torch.Tensor, where: Callable[[torch.Tensor], bool]
+) -> Callable[[torch.Tensor], bool]:
+    """Operands an in-place op on t may read: t itself or memory t does not share (a partial
+    overlap is an error, raised eagerly in eager mode and at the next sync in adaptive)."""
+    ptr = t.untyped_storage().data_ptr()
+    return lambda u: where(u) and (u is t or u.untyped_storage().data_ptr() != ptr)
 
 
 def _broadcasts_into(t: torch.Tensor) -> Callable[[torch.Tensor], bool]:
@@ -164,7 +184,7 @@ def matmul(m: Machine, a: int, b: int, c: int) -> None:
     t = m.pick(a, lambda u: u.is_floating_point() and u.dim() == 2)
     if t is None:
         return
-    u = m.pick(b, lambda u: u.is_floating_point() and u.dim() == 2 and u.shape[0] == t.shape[1])
+    u = m.pick(b, lambda u: u.dtype == t.dtype and u.dim() == 2 and u.shape[0] == t.shape[1])
     m.put(t @ (u if u is not None else t.t()), c)
 
 
@@ -190,12 +210,16 @@ def view(m: Machine, a: int, b: int, c: int) -> None:
         v = t.diagonal()
     elif kind == 8 and t.dtype == torch.float32:
         v = t.view(torch.int32)  # the same bits, another dtype
+    elif kind == 9 and t.dim() >= 2:
+        v = t.transpose(0, 1).reshape(-1)  # a copy, then an alias made beneath the dispatcher
     else:
         v = t.detach()
     m.put(v, a + c)
 
 
 def _expand(t: torch.Tensor, c: int) -> torch.Tensor:
+    if t.dim() == 0:
+        return t.expand(1 + c % 3)
     if t.dim() == 1:
         return t.expand(2 + c % 3, t.shape[0])
     sizes = [s if s != 1 else 1 + c % 4 for s in t.shape]
@@ -213,6 +237,35 @@ def _as_strided(t: torch.Tensor, c: int) -> torch.Tensor:
     return torch.as_strided(t, (2, 2), (s0, s1), offset)
 
 
+ACTIVATIONS: list[Callable[[torch.Tensor], torch.Tensor]] = [
+    torch.nn.functional.silu,
+    torch.nn.functional.gelu,
+    lambda h: h * h,
+    torch.tanh,
+    lambda h: torch.softmax(h, dim=-1),
+]
+
+
+def layer(m: Machine, a: int, b: int, c: int) -> None:
+    """A small network layer over a parameter: a 3-D linear (its mm output is aliased beneath
+    the dispatcher by _unsafe_view), an activation, maybe a reshape of a transpose and a
+    sync. Only autograd keeps the intermediates: a later backward reads them."""
+    p = m.params[0]
+    t = m.pick(a, lambda u: u.dtype == p.dtype and u.dim() >= 1 and u.shape[-1] == p.shape[1])
+    if t is None:
+        return
+    x = t.reshape(1, -1, p.shape[1])
+    if c % 2:
+        x = x.expand(2, -1, -1)
+    h = torch.nn.functional.linear(x, p, m.params[1] if c & 2 else None)
+    y = ACTIVATIONS[b % len(ACTIVATIONS)](h)
+    if c & 4:
+        y = y.transpose(1, 2).reshape(y.shape[0], -1)
+    if c & 8:
+        m.log.append(("layer", y.sum().item()))  # cuts the graph before any backward
+    m.put(y, a + b)
+
+
 def in_place(m: Machine, a: int, b: int, c: int) -> None:
     t = m.writable(a)
     if t is None:
@@ -221,14 +274,14 @@ def in_place(m: Machine, a: int, b: int, c: int) -> None:
     if kind == 0:
         t.mul_(1.5)
     elif kind == 1:
-        u = m.pick(b, _broadcasts_into(t))
+        u = m.pick(b, _apart(t, _broadcasts_into(t)))
         t.add_(u, alpha=0.5)
     elif kind == 2:
         t.clamp_(-1.0, 1.0)
     elif kind == 3:
         t.zero_()
     elif kind == 4:
-        u = m.pick(b, _same_shape(t))
+        u = m.pick(b, _apart(t, _same_shape(t)))
         t.copy_(u)
     elif kind == 5 and t.dim() >= 1:
         t[b % t.shape[0]] = 7.0  # a write into a view of t
@@ -242,7 +295,8 @@ def out_variant(m: Machine, a: int, b: int, c: int) -> None:
     t = m.floats(a)
     u = m.pick(b, _broadcasts_into(t))
     out = m.writable(c) if c % 2 else None
-    if out is None or out.shape != t.shape or out._is_view() or out.dtype != t.dtype:
+    shared = out is not None and {_ptr(out)} & {_ptr(t), _ptr(u)}
+    if out is None or shared or out.shape != t.shape or out._is_view() or out.dtype != t.dtype:
         out = torch.empty(0, device=t.device, dtype=t.dtype)  # resized by the op
     with torch.no_grad():  # (out= does not take part in autograd)
         torch.mul(t, u, out=out)
@@ -267,7 +321,7 @@ def storage_ops(m: Machine, a: int, b: int, c: int) -> None:
                 t.fill_(0.25)  # the new elements are uninitialised: never read them so
     else:
         p = m.params[a % len(m.params)]
-        u = m.pick(b, lambda x: x.shape == p.shape and x.is_floating_point())
+        u = m.pick(b, lambda x: x.shape == p.shape and x.is_floating_point() and _no_overlap(x))
         p.data = u.detach().clone() * 0.5 if c % 2 else u.detach()
 
 
@@ -389,11 +443,42 @@ def misc(m: Machine, a: int, b: int, c: int) -> None:
         m.put(torch.where(t > 0, t, t * 0.1), b)
 
 
+def nn_ops(m: Machine, a: int, b: int, c: int) -> None:
+    """Layers whose kernels have extra outputs and state: batch norm (running statistics
+    written in place; in eval the CPU's saved statistics are empty), layer norm, embedding
+    and embedding_bag, cross entropy."""
+    t = m.pick(a, lambda u: u.dtype == torch.float32 and u.dim() == 2 and u.shape[1] == 4)
+    if t is None:
+        return
+    kind = c % 5
+    if kind == 0:
+        if m.stats is None:
+            m.stats = (torch.zeros(4, device=m.device), torch.ones(4, device=m.device))
+        mean, var = m.stats
+        training = bool(b % 2) and t.shape[0] > 1
+        y = torch.nn.functional.batch_norm(t, mean, var, training=training, momentum=0.3)
+    elif kind == 1:
+        y = torch.nn.functional.layer_norm(t, (4,), m.params[1], None)
+    elif kind == 2:
+        idx = torch.tensor([b % 4, c % 4, (b + c) % 4], device=m.device)
+        y = torch.nn.functional.embedding(idx, t) if t.shape[0] == 4 else t * 1
+    elif kind == 3:
+        idx = torch.tensor([b % 4, c % 4, 1, 3], device=m.device)
+        offsets = torch.tensor([0, 1 + b % 3], device=m.device)
+        weight = t if t.shape[0] == 4 else m.params[0]
+        y = torch.nn.functional.embedding_bag(idx, weight, offsets, mode=("sum", "max")[b % 2])
+    else:
+        target = torch.tensor([b % 4] * t.shape[0], device=m.device)
+        y = torch.nn.functional.cross_entropy(t, target)
+    m.put(y, a + b)
+
+
 OPS: dict[str, Callable[[Machine, int, int, int], None]] = {
     "unary": unary,
     "binary": binary,
     "reduce": reduce,
     "matmul": matmul,
+    "layer": layer,
     "view": view,
     "in_place": in_place,
     "out": out_variant,
@@ -405,10 +490,11 @@ OPS: dict[str, Callable[[Machine, int, int, int], None]] = {
     "host": host_copies,
     "stream": streams,
     "misc": misc,
+    "nn": nn_ops,
 }
 
 # Views and in-place ops drawn more often: they are where aliasing bugs live.
-_WEIGHTED = [*OPS, "view", "view", "in_place", "in_place", "unary", "binary"]
+_WEIGHTED = [*OPS, "view", "view", "in_place", "in_place", "layer", "autograd", "sync"]
 instructions = st.tuples(
     st.sampled_from(_WEIGHTED),
     st.integers(0, 63),
