@@ -29,9 +29,14 @@ def run_in_mode(
 ) -> tuple[list[Any], dict[str, int]]:
     """program() `repeats` times on a fresh core in `mode`, its results moved to the CPU
     after each repetition (a sync point), and the core's counters at the end. Repetitions
-    let adaptive mode run its graphs op by op first and fused once their compiles are in."""
+    let adaptive mode run its graphs op by op first and fused once their compiles are in.
+
+    Deterministic algorithms are on: new memory is filled with NaN (the largest integer), so
+    memory read before it is written shows, instead of holding the last repetition's values."""
     saved = runtime._runtime
     rt = runtime._runtime = runtime.Runtime(replace(env.read(), eager_mode=mode))
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
     try:
         torch.manual_seed(seed)
         results = []
@@ -41,6 +46,7 @@ def run_in_mode(
         rt.flush("sync")
         return results, dict(rt.metrics.counts)
     finally:
+        torch.use_deterministic_algorithms(deterministic)
         rt.close()
         runtime._runtime = saved
 

@@ -161,6 +161,21 @@ def unary(m: Machine, a: int, b: int, c: int) -> None:
     m.put(fns[b % len(fns)](t), c)
 
 
+def twins(m: Machine, a: int, b: int, c: int) -> None:
+    """The same op on the same tensor before and after a write to it (or to a view of it):
+    two values a compiler must not merge."""
+    t = m.writable(a)
+    if t is None:
+        return
+    fns = UNARY + UNARY_SCALAR
+    fn = fns[b % len(fns)]
+    before = fn(t)
+    target = t[0] if c % 2 and t.dim() > 0 else t
+    target.add_(1.0)
+    m.put(before, a)
+    m.put(fn(t), a + 1)
+
+
 def binary(m: Machine, a: int, b: int, c: int) -> None:
     t = m.floats(a)
     u = m.pick(b, _broadcasts_into(t))
@@ -322,7 +337,10 @@ def storage_ops(m: Machine, a: int, b: int, c: int) -> None:
     else:
         p = m.params[a % len(m.params)]
         u = m.pick(b, lambda x: x.shape == p.shape and x.is_floating_point() and _no_overlap(x))
+        before = p * 2  # recorded reads of p on both sides of the swap
         p.data = u.detach().clone() * 0.5 if c % 2 else u.detach()
+        m.put(before, a)
+        m.put(p * 2, b)
 
 
 def free_and_make(m: Machine, a: int, b: int, c: int) -> None:
@@ -446,11 +464,11 @@ def misc(m: Machine, a: int, b: int, c: int) -> None:
 def nn_ops(m: Machine, a: int, b: int, c: int) -> None:
     """Layers whose kernels have extra outputs and state: batch norm (running statistics
     written in place; in eval the CPU's saved statistics are empty), layer norm, embedding
-    and embedding_bag, cross entropy."""
+    and embedding_bag, cross entropy, mean squared error."""
     t = m.pick(a, lambda u: u.dtype == torch.float32 and u.dim() == 2 and u.shape[1] == 4)
     if t is None:
         return
-    kind = c % 5
+    kind = c % 6
     if kind == 0:
         if m.stats is None:
             m.stats = (torch.zeros(4, device=m.device), torch.ones(4, device=m.device))
@@ -467,15 +485,18 @@ def nn_ops(m: Machine, a: int, b: int, c: int) -> None:
         offsets = torch.tensor([0, 1 + b % 3], device=m.device)
         weight = t if t.shape[0] == 4 else m.params[0]
         y = torch.nn.functional.embedding_bag(idx, weight, offsets, mode=("sum", "max")[b % 2])
-    else:
+    elif kind == 4:
         target = torch.tensor([b % 4] * t.shape[0], device=m.device)
         y = torch.nn.functional.cross_entropy(t, target)
+    else:
+        y = torch.nn.functional.mse_loss(t, t.detach().sin(), reduction=("mean", "none")[b % 2])
     m.put(y, a + b)
 
 
 OPS: dict[str, Callable[[Machine, int, int, int], None]] = {
     "unary": unary,
     "binary": binary,
+    "twins": twins,
     "reduce": reduce,
     "matmul": matmul,
     "layer": layer,
@@ -495,12 +516,10 @@ OPS: dict[str, Callable[[Machine, int, int, int], None]] = {
 
 # Views and in-place ops drawn more often: they are where aliasing bugs live.
 _WEIGHTED = [*OPS, "view", "view", "in_place", "in_place", "layer", "autograd", "sync"]
-instructions = st.tuples(
-    st.sampled_from(_WEIGHTED),
-    st.integers(0, 63),
-    st.integers(0, 63),
-    st.integers(0, 63),
-)
+# Small numbers half the time: the same operands and the same ops come back often, which is
+# where twins (CSE), reuse and aliasing meet.
+_number = st.one_of(st.integers(0, 3), st.integers(0, 63))
+instructions = st.tuples(st.sampled_from(_WEIGHTED), _number, _number, _number)
 programs = st.lists(instructions, min_size=1, max_size=40)
 
 
