@@ -357,22 +357,23 @@ class Recorder:
         seen = iter(observable)
         for i, op in enumerate(ops):
             args = [input_hosts[v.index] if v.node is None else env[v] for v in op.wiring]
-            if op.view is not None:  # no launch: a view is metadata
-                for j, out in enumerate(op.view.run(args)):
-                    env[Value(i, j)] = out
-                continue
             try:
+                if op.view is not None:  # no launch: a view is metadata
+                    for j, out in enumerate(op.view.run(args)):
+                        env[Value(i, j)] = out
+                    continue
                 results = op.entry.loaded.run(args, op.scalars, rt.generator)
-            except ExecutionError as e:
-                raise _located(op, e.cause) from e.cause
-            made = iter(op.hosts)
-            kinds = _flat_kinds(op.entry.returns)
-            if len(kinds) != len(results):
-                raise _located(op, RuntimeError(f"{len(results)} results, {len(kinds)} expected"))
-            for j, ((kind, _), result) in enumerate(zip(kinds, results, strict=True)):
-                if kind == "fresh":
-                    result = _settle(next(made), result, next(seen))
-                env[Value(i, j)] = result
+                made = iter(op.hosts)
+                kinds = _flat_kinds(op.entry.returns)
+                if len(kinds) != len(results):
+                    raise RuntimeError(f"{len(results)} results where {len(kinds)} were recorded")
+                for j, ((kind, _), result) in enumerate(zip(kinds, results, strict=True)):
+                    if kind == "fresh":
+                        result = _settle(next(made), result, next(seen))
+                    env[Value(i, j)] = result
+            except Exception as e:  # noqa: BLE001  (named with the op and its source line)
+                cause = e.cause if isinstance(e, ExecutionError) else e
+                raise _located(op, cause, ops) from cause
             rt.launch(op.entry.loaded)
             counts["op_by_op_ops"] += 1
 
@@ -400,7 +401,7 @@ class Recorder:
         except Exception as e:  # noqa: BLE001  (whatever failed, op by op decides)
             if saved is None:
                 cause = e.cause if isinstance(e, ExecutionError) else e
-                raise _located(_op_named(ops, getattr(e, "op", "")), cause) from cause
+                raise _located(_op_named(ops, getattr(e, "op", "")), cause, ops) from cause
             for h, copy in zip(input_hosts, saved, strict=True):
                 h.copy_(copy)
             self._fall_back(state, e)
@@ -657,7 +658,11 @@ def _op_named(ops: list[RecOp], name: str) -> RecOp:
     return ops[-1]
 
 
-def _located(op: RecOp, cause: BaseException) -> BaseException:
-    """The error of a recorded op, raised where the buffer was cut, naming where it was issued."""
-    path, line, _ = op.location
+def _located(op: RecOp, cause: BaseException, ops: list[RecOp]) -> BaseException:
+    """The error of a recorded op, raised where the buffer was cut, naming where it was
+    issued (a view, which keeps no location, by the op that recorded before it)."""
+    path, line = op.location[0], op.location[1]
+    if not path:
+        before = [o for o in ops[: ops.index(op)] if o.location[0]]
+        path, line = before[-1].location[:2] if before else ("<unknown>", 0)
     return execution_error(op.name, cause, f"{path}:{line}")

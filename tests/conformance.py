@@ -100,6 +100,10 @@ class _Timeout(Exception):
     pass
 
 
+class AdaptiveModeError(AssertionError):
+    """A sample right in eager mode failed or differed in adaptive mode."""
+
+
 def _to_neuron(x: Any) -> Any:
     """Tensors move to neuron; a device argument (factories) names neuron instead of cpu."""
     if isinstance(x, torch.Tensor):
@@ -202,7 +206,10 @@ def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
             if mode == "adaptive":
                 from tests.client.differential import to_cpu
 
-                _same_as_eager(op, sample, to_cpu(actual))
+                try:
+                    _same_as_eager(op, sample, to_cpu(actual))
+                except Exception as e:
+                    raise AdaptiveModeError(f"adaptive mode: {type(e).__name__}: {e}") from e
             count += 1
     except _Timeout:
         return Result(name, False, count, f"over the {timeout} s limit")

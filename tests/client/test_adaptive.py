@@ -157,7 +157,7 @@ def test_errors_surface_at_the_next_sync_with_the_ops_line(adaptive):
     for bad in (False, True):  # the first time, each op runs on its own (first sight)
         idx = torch.tensor([0, 9 if bad else 1]).to("neuron")
         y = x * 2
-        z = y[idx]  # recorded the second time: fails only when the graph runs  # noqa: F841
+        z = y.t()[idx]  # recorded the second time: fails only when the graph runs  # noqa: F841
         if not bad:
             torch.neuron.synchronize()
     with pytest.raises(IndexError) as e:
@@ -372,3 +372,33 @@ def test_embedding_bag_matches_eager():
         return torch.nn.functional.embedding_bag(index, weight * 2, offsets, mode="max")
 
     assert_modes_agree(program)
+
+
+def test_a_fused_graph_that_fails_falls_back_to_op_by_op(adaptive, monkeypatch, caplog):
+    """A fault of the fused path (injected: exp fails inside fused executables only) costs
+    the graph its fusion, not the user's step: inputs the failed run wrote are put back, the
+    graph runs op by op from then on, counted and logged once."""
+    from trnsim.simulator import execute
+
+    real = execute._Step.run
+
+    def broken(self, *args, **kwargs):
+        if self.name == "aten::exp.default":
+            raise RuntimeError("injected: the fused exp is broken")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(execute._Step, "run", broken)
+    x = torch.zeros(4, device="neuron")
+    results = []
+    for _ in range(6):
+        x.add_(1.0)  # written before the failing node: must not be written twice
+        results.append(((x.exp() * 2).sum().item(), x.cpu().tolist()))
+        wait_for_fused_compiles(adaptive)
+    expected = [
+        ((torch.full((4,), n + 1.0).exp() * 2).sum().item(), [n + 1.0] * 4) for n in range(6)
+    ]
+    assert results == expected
+    m = adaptive.metrics.counts
+    assert m["fused_fallbacks"] == 1 and m["fused_compiles_ready"] == 1
+    assert m["fused_executions"] == 0
+    assert sum("runs op by op from now on" in r.message for r in caplog.records) == 1

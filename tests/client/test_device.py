@@ -181,3 +181,11 @@ def test_deepcopy_state_dict_and_save_load(tmp_path):
     fresh = torch.nn.Linear(3, 2).to("neuron")
     fresh.load_state_dict(loaded)
     assert torch.equal(fresh.bias.cpu(), model.bias.cpu())
+
+
+def test_histc_takes_integers_as_cuda_does():
+    """Mixtral's routing (transformers) counts expert ids with histc on an int tensor."""
+    ids = torch.tensor([0, 1, 1, 3, 2, 3, 3], dtype=torch.int32)
+    got = torch.histc(ids.to("neuron"), bins=4, min=0, max=3)
+    assert got.dtype == torch.int32
+    assert got.cpu().tolist() == [1, 2, 1, 3]
