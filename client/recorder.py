@@ -6,8 +6,11 @@ fused, as one launch. Results equal eager mode bit for bit: both run the same AT
 the CPU in the same order.
 
 Recorded outputs are real device tensors from the start (their memory exists); they are
-computed when the buffer is cut. Outputs nobody can observe after the graph (no live
-reference) stay internal to the fused executable: no HBM accounted, no copy back.
+computed when the buffer is cut. The recorder holds no tensor of the buffer, only the new
+storages: an output whose storage nothing else holds when the graph is cut (no tensor, view,
+alias or autograd-saved tensor on it) can never be observed, and stays internal to the
+fused executable: no HBM accounted, no copy back. Values are named by the memory they live
+in, so both paths (op by op, fused) run the same ATen ops on the same memory in order.
 """
 
 from __future__ import annotations
