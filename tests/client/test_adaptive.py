@@ -402,3 +402,19 @@ def test_a_fused_graph_that_fails_falls_back_to_op_by_op(adaptive, monkeypatch, 
     assert m["fused_fallbacks"] == 1 and m["fused_compiles_ready"] == 1
     assert m["fused_executions"] == 0
     assert sum("runs op by op from now on" in r.message for r in caplog.records) == 1
+
+
+def test_outputs_take_the_declared_layout_in_both_modes():
+    """max_unpool2d's CPU kernel lays its output out otherwise than its Meta kernel, which
+    adaptive mode hands out before running. Eager mode takes the declared layout too (and the
+    op stays fusible), so strides and views of the result agree."""
+    x = torch.randn(1, 2, 4, 6)
+    pooled, indices = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+    pooled = pooled.to(memory_format=torch.channels_last).to("neuron")
+    indices = indices.to("neuron")
+
+    def program():
+        y = torch.nn.functional.max_unpool2d(pooled * 2, indices, 2)
+        return [tuple(y.stride()), y, y.reshape(-1)[:7]]
+
+    assert_modes_agree(program)
