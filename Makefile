@@ -27,8 +27,10 @@ lint: setup
 test: lint
 	$(PY) -m pytest -q -m "not slow"
 
+# The whole OpInfo database (eager and adaptive), the whole model zoo, and thousands of
+# fuzzer programs; the statistics say how many programs ran.
 test-slow: setup
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --hypothesis-show-statistics
 
 protos: setup
 	$(PY) protos/generate.py
