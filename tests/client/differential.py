@@ -41,6 +41,9 @@ def run_in_mode(
     caught = warnings.catch_warnings()
     caught.__enter__()
     warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
+    # Warned once per process by autograd (so in one mode only) when `p.data` is swapped for
+    # a tensor of another layout: not something the program observes.
+    warnings.filterwarnings("ignore", message=".*do not obey the gradient layout contract")
     try:
         torch.manual_seed(seed)
         results = []
