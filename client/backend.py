@@ -117,6 +117,9 @@ def register() -> None:
         bits.impl("_copy_from", torch.library.fallthrough_kernel, key)
     _state["bits"] = bits
     torch.serialization.register_package(11, _tag, _restore)
+    from trnsim.client import ties
+
+    ties.install()  # .to("neuron") keeps tied weights tied
     from trnsim.client import autocast
 
     _state["autocast"] = autocast.register()

@@ -1,0 +1,73 @@
+"""Parameters and buffers shared between modules stay shared through Module._apply.
+
+`Module._apply` (behind .to(), .cuda(), .half()...) swaps a converted parameter's data in
+place only when PyTorch deems the old and new tensors shallow-copy compatible, which it
+never does between CPU and a PrivateUse1 device. Otherwise each module slot gets a new
+Parameter, so weights tied between two modules (input and output embeddings) come back as
+two independent copies and training silently diverges. On CUDA the ties survive because
+the data is swapped in place; here the slots that held one object before the conversion
+are given one object after it (the first converted copy). No PyTorch flag changes: a
+conversion that already kept the ties is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_state = threading.local()
+
+
+def _slots(module: torch.nn.Module) -> list[tuple[dict[str, Any], str, Any]]:
+    """Every (table, name, tensor) of the module tree: parameters and buffers, one entry
+    per module slot (a shared submodule's slots once)."""
+    slots = []
+    for m in module.modules():
+        for table in (m._parameters, m._buffers):
+            slots.extend((table, name, t) for name, t in table.items() if t is not None)
+    return slots
+
+
+def _retie(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
+    """Slots that held one tensor before the conversion get one tensor after it."""
+    first: dict[int, Any] = {}
+    for table, name, before in slots:
+        now = table.get(name)
+        if now is None:
+            continue
+        kept = first.setdefault(id(before), now)  # (`before` is alive in slots: ids hold)
+        if kept is not now and _same_kind(kept, now):
+            table[name] = kept
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a.device == b.device and a.dtype == b.dtype
+
+
+def keep_ties(real_apply: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps Module._apply: the outermost call re-ties what the conversion untied."""
+
+    def _apply(self: torch.nn.Module, fn: Callable[..., Any], recurse: bool = True) -> Any:
+        if getattr(_state, "inside", False) or not recurse:
+            return real_apply(self, fn, recurse)
+        slots = _slots(self)
+        _state.inside = True
+        try:
+            result = real_apply(self, fn, recurse)
+        finally:
+            _state.inside = False
+        _retie(slots)
+        return result
+
+    _apply.__wrapped__ = real_apply  # type: ignore[attr-defined]
+    return _apply
+
+
+def install() -> None:
+    """Once per process (on `import torch`, with the neuron backend)."""
+    apply = torch.nn.Module._apply
+    if not hasattr(apply, "__wrapped__"):
+        torch.nn.Module._apply = keep_ties(apply)  # type: ignore[method-assign]

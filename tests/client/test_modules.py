@@ -1,0 +1,77 @@
+"""Modules on the device behave as on CUDA: tied parameters stay tied through every
+conversion and checkpoint path."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+
+
+def _tied():
+    emb = torch.nn.Embedding(10, 4)
+    lin = torch.nn.Linear(4, 10)
+    lin.weight = emb.weight
+    head = torch.nn.Linear(4, 10)
+    head.bias = lin.bias  # a tied bias too (BERT's decoder)
+    return torch.nn.ModuleDict({"e": emb, "l": lin, "h": head})
+
+
+def _assert_tied(m):
+    assert m["e"].weight is m["l"].weight
+    assert m["l"].bias is m["h"].bias
+    assert len(list(m.parameters())) == 3  # weight, two biases... one of them shared
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [
+        lambda m: m.to("neuron"),
+        lambda m: m.to("neuron").to("cpu"),
+        lambda m: m.to("neuron").to(torch.float64),
+        lambda m: m.to("neuron").half(),
+        lambda m: m.to("neuron", torch.bfloat16),
+        lambda m: copy.deepcopy(m.to("neuron")),
+    ],
+    ids=["to_neuron", "back_to_cpu", "to_dtype", "half", "device_and_dtype", "deepcopy"],
+)
+def test_model_to_neuron_keeps_tied_parameters_tied(convert):
+    m = convert(_tied())
+    _assert_tied(m)
+
+
+def test_tied_parameters_train_like_cpu():
+    """One parameter, one gradient: the embedding gets the output layer's share too."""
+    torch.manual_seed(0)
+    cpu = _tied()
+    dev = copy.deepcopy(cpu).to("neuron")
+    ids = torch.tensor([1, 2, 3, 7])
+    for m, device in ((cpu, "cpu"), (dev, "neuron")):
+        x = m["e"](ids.to(device))
+        loss = (m["l"](x) + m["h"](x)).square().mean()
+        loss.backward()
+    torch.testing.assert_close(dev["e"].weight.grad.cpu(), cpu["e"].weight.grad)
+    torch.testing.assert_close(dev["h"].bias.grad.cpu(), cpu["h"].bias.grad)
+
+
+def test_ties_survive_load_state_dict_and_save_load():
+    m = _tied().to("neuron")
+    m.load_state_dict(_tied().state_dict())
+    _assert_tied(m)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    _assert_tied(loaded)
+    assert loaded["e"].weight.device.type == "neuron"
+
+
+def test_conversions_that_kept_ties_are_untouched():
+    """On the CPU, .to(dtype) swaps data in place: the same Parameter objects stay."""
+    m = _tied()
+    before = [id(p) for p in m.parameters()]
+    m.double()
+    assert [id(p) for p in m.parameters()] == before
+    _assert_tied(m)
