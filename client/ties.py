@@ -24,7 +24,7 @@ _state = threading.local()
 def _slots(module: torch.nn.Module) -> list[tuple[dict[str, Any], str, Any]]:
     """Every (table, name, tensor) of the module tree: parameters and buffers, one entry
     per module slot (a shared submodule's slots once)."""
-    slots = []
+    slots: list[tuple[dict[str, Any], str, Any]] = []
     for m in module.modules():
         for table in (m._parameters, m._buffers):
             slots.extend((table, name, t) for name, t in table.items() if t is not None)
