@@ -116,15 +116,21 @@ class GraphState:
     fallback: bool = False  # it failed where op by op did not: this graph runs op by op
 
 
+def _where(t: Tensor) -> tuple[Any, ...]:
+    """What a tensor points at: `t.data = u` changes it without any op reaching us (to
+    other memory, or to the same memory seen otherwise: p.data = p.t())."""
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+
+
 @dataclass(slots=True)
 class _Known:
     """A tensor the buffer can name: the value it holds now, checked on use (a weak
-    reference, because ids are reused once a tensor dies; the data pointer, because
-    `t.data = ...` swaps a tensor's memory without an op)."""
+    reference, because ids are reused once a tensor dies; where it points, because `.data`
+    assignments swap that without an op)."""
 
     value: Value
     ref: weakref.ref[Tensor]
-    data_ptr: int
+    where: tuple[Any, ...]
 
 
 class Recorder:
@@ -141,7 +147,7 @@ class Recorder:
         self.values: dict[int, _Known] = {}  # id(tensor) -> what it holds in the graph
         self.inputs: list[Tensor] = []
         self.input_hosts: list[Tensor] = []
-        self.input_index: dict[int, tuple[int, int]] = {}  # id(tensor) -> (index, data_ptr)
+        self.input_index: dict[int, tuple[int, tuple[Any, ...]]] = {}  # id -> (index, _where)
         self.storages: set[int] = set()  # data pointers of the storages made in this buffer
         # (storage, sizes, strides, offset, dtype, conj, neg) -> the value a tensor of that
         # geometry holds: an alias made without us (autograd's detached gradients) is it.
@@ -169,7 +175,7 @@ class Recorder:
 
     def _known(self, t: Tensor) -> Value | None:
         known = self.values.get(id(t))
-        if known is not None and known.ref() is t and known.data_ptr == t.data_ptr():
+        if known is not None and known.ref() is t and known.where == _where(t):
             return known.value
         return None
 
@@ -204,17 +210,17 @@ class Recorder:
         return True
 
     def _name(self, t: Tensor, value: Value) -> None:
-        self.values[id(t)] = _Known(value, weakref.ref(t), t.data_ptr())
+        self.values[id(t)] = _Known(value, weakref.ref(t), _where(t))
 
     def _wire(self, t: Tensor) -> Value:
         value = self._known(t)
         if value is not None:
             return value
         index = self.input_index.get(id(t))
-        ptr = t.data_ptr()
-        if index is None or index[1] != ptr:  # (new, or its memory was swapped since)
+        where = _where(t)
+        if index is None or index[1] != where:  # (new, or it points elsewhere since)
             k = len(self.inputs)
-            self.input_index[id(t)] = (k, ptr)
+            self.input_index[id(t)] = (k, where)
             self.inputs.append(t)  # held: its id and memory stay its own until the flush
             # Its memory as it is now: `p.data = ...` (Module.to/half) may swap the tensor's
             # storage before the buffer runs, and recorded ops must read what they saw.
@@ -227,6 +233,8 @@ class Recorder:
         i = len(self.ops)
         wire = self._wire
         wiring = tuple([wire(t) for t in tensors])
+        if entry.fresh_nbytes > rt.allocator.capacity:  # never fits: the device's error now
+            rt.allocate(entry.fresh_nbytes)
         hosts = [
             torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in entry.fresh
         ]

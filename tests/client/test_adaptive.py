@@ -418,3 +418,16 @@ def test_outputs_take_the_declared_layout_in_both_modes():
         return [tuple(y.stride()), y, y.reshape(-1)[:7]]
 
     assert_modes_agree(program)
+
+
+def test_a_data_swap_to_the_same_memory_seen_otherwise_is_noticed():
+    """`p.data = p.t()` between two recorded reads of p: same data pointer, other strides."""
+    w = torch.randn(4, 4)
+
+    def program():
+        p = w.to("neuron").requires_grad_()
+        before = p * 2
+        p.data = p.detach().t()
+        return [before, p * 2]
+
+    assert_modes_agree(program)

@@ -35,6 +35,13 @@ FOUND: dict[str, list[Instruction]] = {
         ("reduce", 0, 0, 0),
         ("storage", 0, 0, 20),
     ],
+    # `p.data = p.t()`: the same memory seen transposed, which a check of the data pointer
+    # alone took for the tensor the buffer had already read.
+    "data_swap_to_its_own_transpose": [
+        ("unary", 0, 0, 0),
+        ("view", 7, 1, 0),
+        ("storage", 0, 3, 50),
+    ],
 }
 
 # Programs that caught a deliberately broken runtime (mutation checks of the fuzzer itself).
