@@ -120,6 +120,12 @@ def register() -> None:
     from trnsim.client import ties
 
     ties.install()  # .to("neuron") keeps tied weights tied
+    from trnsim.client import accelerator
+
+    accelerator.install()  # torch.accelerator.synchronize() etc. reach torch.neuron
+    from trnsim.client import pinned
+
+    pinned.install()  # tensor.pin_memory(), DataLoader(pin_memory=True)
     from trnsim.client import autocast
 
     _state["autocast"] = autocast.register()

@@ -110,6 +110,8 @@ class DaemonCompileClient:
         if outcome == "error":
             if result.error.error_class in _COMPILE_HERE:
                 return self._compile_here(graph, target, options, debug, result.error.message)
+            if result.error.error_class == svc.OUT_OF_DEVICE_MEMORY:
+                raise compiler.GraphTooLargeError(result.error.message)
             raise compiler.CompileError(result.error.message)
         exe = self._executable(result.executable)
         if exe is None:

@@ -119,6 +119,10 @@ def reset_peak_memory_stats(device: Any = None) -> None:
     runtime.get().allocator.reset_peak_stats()
 
 
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    runtime.get().allocator.reset_accumulated_stats()
+
+
 def empty_cache() -> None:
     runtime.get().allocator.empty_cache()
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 from trnsim.client import memory, runtime
-from trnsim.client.errors import check_device_index, execution_error, user_frame
+from trnsim.client.errors import check_device_index, execution_error, user_frame, user_location
 from trnsim.client.memory import to_device
+from trnsim.client.pinned import is_pinned
 from trnsim.client.recorder import NOT_RECORDED
 from trnsim.compiler import op_table
 from trnsim.compiler.graph import (
@@ -344,6 +345,7 @@ def _build(
     kwargs: dict[str, Any],
     tensors: list[Tensor],
 ) -> runtime.Entry:
+    _check_devices(spec, tensors)
     meta_out, dynamic = _meta_outputs(spec, args, kwargs)
     inputs: list[TensorType] = []
     counter = [0]
@@ -420,6 +422,42 @@ def _build(
     )
 
 
+# Ops that take CPU tensors next to device tensors on CUDA too: indices (moved by the op),
+# split points and bins that must be on the CPU, copies between devices.
+_TAKES_CPU_TENSORS = frozenset(
+    [
+        "aten::index.Tensor",
+        "aten::_unsafe_index.Tensor",
+        "aten::index_put.default",
+        "aten::index_put_.default",
+        "aten::_index_put_impl_.default",
+        "aten::_unsafe_index_put.default",
+        "aten::copy_.default",
+        "aten::_to_copy.default",
+        "aten::tensor_split.tensor_indices_or_sections",
+        "aten::histogramdd.default",
+        "aten::histogramdd.int_bins",
+        "aten::histogramdd.TensorList_bins",
+        "aten::_histogramdd_from_bin_tensors.default",
+        "aten::_histogramdd_from_bin_cts.default",
+        "aten::_histogramdd_bin_edges.default",
+    ]
+)
+
+
+def _check_devices(spec: OpSpec, tensors: list[Tensor]) -> None:
+    """A CPU tensor (other than a 0-dim scalar) next to a neuron tensor is an error, as on
+    CUDA, except for the ops that take them there too."""
+    if spec.name in _TAKES_CPU_TENSORS or all(t.is_cpu for t in tensors):
+        return
+    if any(t.is_cpu and t.dim() > 0 for t in tensors):
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"neuron:0 and cpu! (in {spec.name}, called at {user_location()}). Move the CPU "
+            f"tensor with .to('neuron') first."
+        )
+
+
 def _meta_of(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:
     return tuple(t.shape), tuple(t.stride()), t.dtype
 
@@ -439,7 +477,7 @@ def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
         transfer(dst, memory.to_host_alias(src))
     else:  # host -> device: recorded ops must not see the new data early, or late
         rt.flush("hazard")
-        rt.host_to_device(src.numel() * src.element_size())
+        rt.host_to_device(src.numel() * src.element_size(), non_blocking and is_pinned(src))
         transfer(memory.to_host_alias(dst), src, non_blocking)
     return dst
 
@@ -456,12 +494,19 @@ def empty_device_tensor(
 ) -> Tensor:
     rt = runtime.get()
     dtype = dtype or torch.get_default_dtype()
-    if stride is None:
-        host = torch.empty(shape, dtype=dtype)
-    else:
-        host = torch.empty_strided(shape, stride, dtype=dtype)
-    block = rt.allocate(host.untyped_storage().nbytes())
+    strides = _contiguous_strides(shape) if stride is None else list(stride)
+    # The simulated HBM first: a tensor the device cannot hold is its OutOfMemoryError, never
+    # the host allocator's error about the memory that backs it.
+    block = rt.allocate(_span(shape, strides) * dtype.itemsize)
+    host = torch.empty_strided(shape, strides, dtype=dtype)
     return rt.adopt(to_device(host), block, host)
+
+
+def _span(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements a tensor of this geometry addresses in its storage."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
 
 
 def _empty(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

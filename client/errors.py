@@ -6,6 +6,7 @@ import os
 import sys
 
 import torch
+from trnsim.protos import graph_pb2
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
@@ -54,3 +55,15 @@ def execution_error(op: str, cause: BaseException, where: str | None = None) -> 
         return type(cause)(message)
     except Exception:  # noqa: BLE001  (an exception type with a different constructor)
         return RuntimeError(message)
+
+
+def compile_error(debug: graph_pb2.GraphDebug, e: Exception) -> Exception:
+    """An op's executable could not be built: OutOfMemoryError when its graph needs more
+    device memory than the target has, else a RuntimeError; both name the op and its line."""
+    from trnsim.compiler import GraphTooLargeError
+
+    where = debug.node_locations[0] if debug.node_locations else None
+    at = f"{where.file}:{where.line}" if where is not None and where.file else user_location()
+    if isinstance(e, GraphTooLargeError):
+        return torch.OutOfMemoryError(f"neuron: {debug.name} (called at {at}) cannot run: {e}")
+    return RuntimeError(f"{debug.name} cannot be compiled for neuron (called at {at}): {e}")

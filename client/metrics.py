@@ -14,6 +14,7 @@ COUNTERS = (
     "hbm_bytes",  # bytes those executables move to and from HBM (modelled)
     "sync_waits",  # times the host waited for the device
     "h2d_bytes",
+    "h2d_async_bytes",  # of those, non_blocking copies from pinned memory (DMA, host goes on)
     "d2h_bytes",
     "dynamic_shape_ops",  # ops whose output shape depends on data (a sync point)
     # Adaptive mode (NEURON_EAGER=adaptive); cut reasons are counted as cut_<reason>.

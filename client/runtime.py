@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from trnsim.client import env
 from trnsim.client.compile_client import CompileClient, make_client
-from trnsim.client.errors import out_of_memory
+from trnsim.client.errors import compile_error, out_of_memory
 from trnsim.client.memory import to_host_alias
 from trnsim.client.metrics import Metrics
-from trnsim.compiler import cache_key
+from trnsim.compiler import CompileError, cache_key
 from trnsim.compiler.graph import Graph, Node, to_proto
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import cost_model, execute
@@ -47,10 +47,16 @@ class Entry:
 
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)
+    fresh_nbytes: int = field(init=False)  # bytes of all the new tensors it makes
 
     def __post_init__(self) -> None:
         simple = len(self.returns) == 1 and self.returns[0][0] == "fresh" and not self.dynamic
         self.one_fresh_output = int(self.returns[0][1]) if simple else None
+        self.fresh_nbytes = sum(
+            int(size) if kind == "fresh" else sum(size)
+            for kind, size in self.returns
+            if kind in ("fresh", "list")
+        )
 
 
 class Runtime:
@@ -160,7 +166,10 @@ class Runtime:
         if loaded is not None:
             self.metrics.counts["executable_cache_hits"] += 1
             return loaded
-        exe = self.compiler.compile(to_proto(graph), self.target.name, self.options, debug)
+        try:
+            exe = self.compiler.compile(to_proto(graph), self.target.name, self.options, debug)
+        except CompileError as e:
+            raise compile_error(debug, e) from e
         self.metrics.counts["executables_compiled"] += 1
         loaded = self.executables[key] = execute.load(exe)
         return loaded
@@ -187,9 +196,18 @@ class Runtime:
         self.timeline.synchronize(stream)
         self.metrics.counts["sync_waits"] += 1
 
-    def host_to_device(self, nbytes: int) -> None:
-        """A host->device copy from pageable memory: the host is busy for the transfer."""
-        self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
+    def host_to_device(self, nbytes: int, from_pinned: bool = False) -> None:
+        """A host->device copy. From pageable memory the host is busy for the transfer; a
+        non_blocking copy from pinned memory is a DMA on the current stream instead."""
+        ns = int(cost_model.host_transfer_ns(self.target, nbytes))
+        if from_pinned:
+            self.timeline.host_work(self.target.host_submit_ns)
+            self.timeline.launch(
+                ns, stream=self.stream, name="h2d", engine_ns={"dma": ns}, overhead_ns=0
+            )
+            self.metrics.counts["h2d_async_bytes"] += nbytes
+        else:
+            self.timeline.host_work(ns)
         self.metrics.counts["h2d_bytes"] += nbytes
 
     def device_to_host(self, nbytes: int) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "CacheKey",
     "Compilation",
     "CompileError",
+    "GraphTooLargeError",
     "MemoryPlanError",
     "cache_key",
     "cache_key_from_proto",
@@ -38,6 +39,11 @@ __all__ = [
 
 class CompileError(ValueError):
     """Unrecoverable for this graph: deterministic, so the same graph fails the same way."""
+
+
+class GraphTooLargeError(CompileError):
+    """Unrecoverable for this graph on this target: it needs more device memory (HBM, SBUF)
+    than the target has. Smaller tensors, or the work split into smaller graphs, fit."""
 
 
 @dataclass
@@ -184,5 +190,5 @@ def run_passes(
         try:
             c.log.append(f"{name}: {run(c)}")
         except MemoryPlanError as e:
-            raise CompileError(str(e)) from e
+            raise GraphTooLargeError(str(e)) from e
     return c

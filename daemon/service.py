@@ -247,7 +247,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             self.cache.put(job.key, result.executable)
         else:
             self.stats.failure(result.error.error_class)
-            if result.error.error_class == svc.DETERMINISTIC:
+            if result.error.error_class in (svc.DETERMINISTIC, svc.OUT_OF_DEVICE_MEMORY):
                 self.cache.put_error(job.key, result.error, self.config.error_ttl_s)
         waiters = self.inflight.finish(job, result)
         if outcome == "executable" and waiters > 1:

@@ -34,7 +34,8 @@ def write_message(stream: BinaryIO, data: bytes) -> None:
 
 
 def compile_request(request: svc.CompileRequest) -> svc.CompileResult:
-    """Compiles one request; compiler errors become DETERMINISTIC, resource ones TRANSIENT."""
+    """Compiles one request; compiler errors become DETERMINISTIC (OUT_OF_DEVICE_MEMORY for
+    a graph the target cannot hold), the worker's own resource errors TRANSIENT."""
     options = request.options
     if options.debug_crash_worker:
         os._exit(70)  # debug-only: a worker dying mid-compile, as an OOM kill would
@@ -44,6 +45,11 @@ def compile_request(request: svc.CompileRequest) -> svc.CompileResult:
     result = svc.CompileResult(id=request.id)
     try:
         exe = compiler.compile(request.graph, request.target, options, request.debug)
+    except compiler.GraphTooLargeError as e:
+        result.error.CopyFrom(
+            svc.CompileError(error_class=svc.OUT_OF_DEVICE_MEMORY, message=str(e))
+        )
+        return result
     except (MemoryError, OSError) as e:
         result.error.CopyFrom(
             svc.CompileError(error_class=svc.TRANSIENT, message=f"{type(e).__name__}: {e}")

@@ -212,6 +212,12 @@ class HbmAllocator:
         self._counters["peak_allocated_bytes"] = self._counters["allocated_bytes"]
         self._counters["peak_reserved_bytes"] = self._counters["reserved_bytes"]
 
+    def reset_accumulated_stats(self) -> None:
+        """The historical counts (allocations, frees, segments, OOMs, cache flushes) to 0."""
+        for name in self._counters:
+            if name.startswith("num_"):
+                self._counters[name] = 0
+
     @property
     def allocated_bytes(self) -> int:
         return self._counters["allocated_bytes"]

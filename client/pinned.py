@@ -1,0 +1,79 @@
+"""Pinned host memory for the neuron device: tensor.pin_memory(), tensor.is_pinned() and
+DataLoader(pin_memory=True).
+
+PyTorch pins through the backend's PrivateUse1 hooks (getPinnedMemoryAllocator), which a
+Python backend cannot provide, and dispatches pin_memory on the CPU tensor, never reaching
+a neuron kernel. So the Tensor methods are wrapped: when neuron is the device asked for (or
+the current accelerator), pin_memory returns a copy in memory the runtime marks as pinned.
+A non_blocking copy from pinned memory to the device is a DMA on the stream and the host goes
+on, as from page-locked memory on a real device; from pageable memory the host is busy for
+the transfer. Other devices' pinning is untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_pinned: dict[int, weakref.ref[Any]] = {}  # data_ptr -> its storage (while it lives)
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    """Whether t is a CPU tensor in memory pinned for neuron."""
+    if not t.is_cpu:
+        return False
+    storage = t.untyped_storage()
+    ref = _pinned.get(storage.data_ptr())
+    return ref is not None and ref() is storage
+
+
+def _for_neuron(device: Any) -> bool:
+    if device is not None:
+        return torch.device(device).type == "neuron"
+    current = torch.accelerator.current_accelerator()
+    return current is not None and current.type == "neuron"
+
+
+def _pin(t: torch.Tensor) -> torch.Tensor:
+    pinned = torch.empty_like(t, memory_format=torch.preserve_format).copy_(t)
+    storage = pinned.untyped_storage()
+    ptr = storage.data_ptr()
+    if ptr:
+        _pinned[ptr] = weakref.ref(storage, lambda _: _pinned.pop(ptr, None))
+    return pinned
+
+
+def _wrap_pin_memory(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        if not self.is_cpu or not _for_neuron(device):
+            return original(self) if device is None else original(self, device)  # type: ignore[no-any-return]
+        return self if is_pinned(self) else _pin(self)
+
+    return pin_memory
+
+
+def _wrap_is_pinned(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def is_pinned_method(self: torch.Tensor, device: Any = None) -> bool:
+        if not self.is_cpu or not _for_neuron(device):
+            return original(self) if device is None else original(self, device)  # type: ignore[no-any-return]
+        return is_pinned(self)
+
+    return is_pinned_method
+
+
+_installed: list[bool] = []
+
+
+def install() -> None:
+    """Once per process (on `import torch`, with the neuron backend)."""
+    if _installed:
+        return
+    _installed.append(True)
+    torch.Tensor.pin_memory = _wrap_pin_memory(torch.Tensor.pin_memory)  # type: ignore[method-assign]
+    torch.Tensor.is_pinned = _wrap_is_pinned(torch.Tensor.is_pinned)  # type: ignore[method-assign]
