@@ -126,6 +126,9 @@ def register() -> None:
     from trnsim.client import pinned
 
     pinned.install()  # tensor.pin_memory(), DataLoader(pin_memory=True)
+    from trnsim.client import meta_kernels
+
+    _state["meta"] = meta_kernels.register()  # shapes of the ops only the device runs
     from trnsim.client import autocast
 
     _state["autocast"] = autocast.register()

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from trnsim.protos import executable_pb2, graph_pb2
-from trnsim.simulator import dtypes
+from trnsim.simulator import dtypes, kernels
 
 MEMORY_FORMATS = {
     graph_pb2.CONTIGUOUS_FORMAT: torch.contiguous_format,
@@ -138,7 +138,7 @@ class _Step:
         self.generator_arg = "generator" in {a.name for a in self.op._schema.arguments}
         # What runs: the C++ callable behind the OpOverload (skips a frame), or our own
         # kernel where the CPU has none for a dtype a device must take.
-        self.call_op = _GAPS.get(node.op) or self.op._op
+        self.call_op = kernels.GAPS.get(node.op) or self.op._op
         self.out_op = _out_variant(self.op) if len(node.outputs) == 1 and not node.aliases else None
         self.n_outputs = len(node.outputs)
         # The layout the graph declares for the output (meta strides). The CPU kernel may pick
@@ -363,20 +363,6 @@ def _out_variant(op: Any) -> Any:
     if [str(a.type) for a in out._schema.arguments][:-1] != types:
         return None  # e.g. mul.Scalar against mul.out(Tensor other)
     return out
-
-
-def _histc(input: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> torch.Tensor:
-    """histc of integers (CUDA takes them; the CPU kernel only floats): counted in float64,
-    exact for any integer a histogram can hold, returned in the input's dtype."""
-    histc = torch.ops.aten.histc.default
-    counts: torch.Tensor = histc(
-        input if input.is_floating_point() else input.double(), bins, min, max
-    )
-    return counts.to(input.dtype)
-
-
-# Ops whose CPU kernel lacks a dtype that accelerator backends accept.
-_GAPS: dict[str, Callable[..., Any]] = {"aten::histc": _histc, "aten::histc.default": _histc}
 
 
 def _flatten(result: Any) -> list[Any]:
