@@ -129,6 +129,9 @@ def register() -> None:
     from trnsim.client import meta_kernels
 
     _state["meta"] = meta_kernels.register()  # shapes of the ops only the device runs
+    from trnsim.client import shapes
+
+    shapes.start_from_env()  # NEURON_RECORD_SHAPES
     from trnsim.client import autocast
 
     _state["autocast"] = autocast.register()

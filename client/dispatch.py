@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from trnsim.client import memory, runtime
+from trnsim.client import memory, runtime, shapes
 from trnsim.client.errors import check_device_index, execution_error, user_frame, user_location
 from trnsim.client.memory import to_device
 from trnsim.client.pinned import is_pinned
@@ -113,6 +113,8 @@ def kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     spec = _SPECS.get(op)
     if spec is None:
         spec = _SPECS[op] = OpSpec(op)
+    if shapes.active is not None:  # NEURON_RECORD_SHAPES
+        shapes.active.add(spec.name, signature(spec, args, kwargs)[0], args, kwargs)
     return spec.handler(spec, args, kwargs)
 
 

@@ -12,6 +12,8 @@ NEURON_CACHE_DIR = "NEURON_CACHE_DIR"  # on-disk executable cache (daemon)
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
 NEURON_PROFILE = "NEURON_PROFILE"  # trace path (profiler)
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
+NEURON_RECORD_SHAPES = "NEURON_RECORD_SHAPES"  # a file: record op signatures (client/registry.py)
+NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with them (default: script)
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
 
 TARGETS = ("trn1", "trn2")

@@ -1,4 +1,5 @@
-"""The `trnsim` command: daemon serve|start|stop|status, stats, cache ls|verify|prune|clear."""
+"""The `trnsim` command: daemon serve|start|stop|status, stats, cache ls|verify|prune|clear,
+registry test|stats and record (the shape registry, client/registry.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -224,10 +226,26 @@ def parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="the on-disk executable cache")
     cache.add_argument("--cache-dir", help=f"default {default_cache_dir()}")
     cache.add_argument("cache_command", choices=["ls", "verify", "prune", "clear"])
+    sub.add_parser("registry", help="the shape registry: test FILE | stats FILE (runs torch)")
+    sub.add_parser("record", help="-o FILE -- COMMAND: record the op signatures COMMAND runs")
     return p
 
 
+# Subcommands that run PyTorch: the daemon never imports torch, so they are run as
+# `python -m trnsim.client.registry ...` in a process of their own.
+_TORCH_COMMANDS = ("registry", "record")
+
+
+def _run_torch_command(argv: list[str]) -> int:
+    rest = argv[1:] if argv[0] == "registry" else argv
+    command = [sys.executable, "-m", "trnsim.client.registry", *rest]
+    return subprocess.call(command)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _TORCH_COMMANDS:
+        return _run_torch_command(argv)
     args = parser().parse_args(argv)
     args.system = getattr(args, "system", False)
     try:
