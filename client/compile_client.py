@@ -10,23 +10,31 @@ import queue
 import threading
 import time
 import warnings
-from concurrent.futures import Future
-from typing import Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 from trnsim import compiler
 from trnsim.client import env
 from trnsim.daemon import launcher
-from trnsim.daemon.cache import blob_ok
-from trnsim.daemon.config import default_address
+from trnsim.daemon.config import ConfigError, default_address
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2, graph_pb2
+from trnsim.protos.blobs import blob_ok
+from trnsim.simulator.config import get_target
 
 log = logging.getLogger(__name__)
 RECONNECT_AFTER_S = 5.0
-# Errors that mean "the daemon could not do it", not "this graph cannot be compiled".
-_COMPILE_HERE = {svc.VERSION_MISMATCH, svc.CANCELLED, svc.TRANSIENT, svc.TIMEOUT}
+# How long a blocking compile waits for the daemon's answer before compiling in process:
+# a safety net (every request is answered); the daemon's own compile limit is far longer.
+ANSWER_DEADLINE_S = float(os.environ.get(env.NEURON_COMPILE_DEADLINE, "120"))
+# Errors that mean "the daemon could not do it", not "this graph cannot be compiled". A
+# TIMEOUT is not among them: the graph ran over the daemon's limit, and compiling it here
+# would hold this process as long.
+_COMPILE_HERE = {svc.VERSION_MISMATCH, svc.CANCELLED, svc.TRANSIENT}
 
 
 class CompileClient(Protocol):
@@ -38,6 +46,22 @@ class CompileClient(Protocol):
         debug: graph_pb2.GraphDebug | None,
     ) -> executable_pb2.Executable: ...
 
+    def compile_async(
+        self,
+        graph: graph_pb2.Graph,
+        target: str,
+        options: executable_pb2.CompileOptions,
+        debug: graph_pb2.GraphDebug | None,
+    ) -> Future[executable_pb2.Executable]:
+        """A background compile (adaptive mode's fused graphs): the executable, or the
+        compile's error, when it is done."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Whether compiles land in a cache other processes share (asking is then cheap)."""
+        ...
+
     def close(self) -> None:
         """Releases what the client holds (the daemon stream); compiles still work after."""
 
@@ -45,8 +69,11 @@ class CompileClient(Protocol):
 class InProcessCompileClient:
     """Compiles in this process: the baseline, and the fallback when no daemon answers."""
 
+    shared = False
+
     def __init__(self) -> None:
         self.compiles = 0
+        self._background: ThreadPoolExecutor | None = None
 
     def compile(
         self,
@@ -58,8 +85,22 @@ class InProcessCompileClient:
         self.compiles += 1
         return compiler.compile(graph, target, options, debug)
 
+    def compile_async(
+        self,
+        graph: graph_pb2.Graph,
+        target: str,
+        options: executable_pb2.CompileOptions,
+        debug: graph_pb2.GraphDebug | None,
+    ) -> Future[executable_pb2.Executable]:
+        """On one background thread (the compiler is pure Python: more would only contend)."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="trnsim-compile")
+        return self._background.submit(self.compile, graph, target, options, debug)
+
     def close(self) -> None:
-        pass
+        if self._background is not None:
+            self._background.shutdown(wait=False, cancel_futures=True)
+            self._background = None
 
 
 class DaemonUnavailable(RuntimeError):
@@ -102,10 +143,15 @@ class DaemonCompileClient:
         request = compile_request(
             graph, target, options, debug, background=priority == svc.BACKGROUND
         )
+        future = self.submit(request)
         try:
-            result = self.submit(request).result()
+            result = future.result(timeout=ANSWER_DEADLINE_S)
         except DaemonUnavailable as e:
             return self._compile_here(graph, target, options, debug, str(e))
+        except FutureTimeout:
+            self.cancel(request.id)
+            why = f"the compile daemon did not answer within {ANSWER_DEADLINE_S:.0f} s"
+            return self._compile_here(graph, target, options, debug, why)
         outcome = result.WhichOneof("outcome")
         if outcome == "error":
             if result.error.error_class in _COMPILE_HERE:
@@ -113,14 +159,62 @@ class DaemonCompileClient:
             if result.error.error_class == svc.OUT_OF_DEVICE_MEMORY:
                 raise compiler.GraphTooLargeError(result.error.message)
             raise compiler.CompileError(result.error.message)
-        exe = self._executable(result.executable)
+        exe = self.executable(result, expected_key(graph, target, options))
         if exe is None:
             return self._compile_here(
-                graph, target, options, debug, "the daemon sent a damaged executable"
+                graph, target, options, debug, "the daemon sent a damaged or wrong executable"
             )
+        if debug is not None and options.emit_debug_info:
+            exe.debug.graph.CopyFrom(debug)  # ours: the daemon never shares one client's
         tier = svc.CacheTier.Name(result.tier)
         self.tiers[tier] = self.tiers.get(tier, 0) + 1
         return exe
+
+    shared = True
+
+    def compile_async(
+        self,
+        graph: graph_pb2.Graph,
+        target: str,
+        options: executable_pb2.CompileOptions,
+        debug: graph_pb2.GraphDebug | None,
+    ) -> Future[executable_pb2.Executable]:
+        """At BACKGROUND priority: the daemon runs it after every blocking compile. If the
+        daemon cannot be reached, it compiles here in the background instead."""
+        out: Future[executable_pb2.Executable] = Future()
+        key = expected_key(graph, target, options)
+
+        def answered(f: Future[svc.CompileResult]) -> None:
+            try:
+                result = f.result()
+            except DaemonUnavailable:
+                local = self.local.compile_async(graph, target, options, debug)
+                local.add_done_callback(lambda g: _pass_on(g, out))
+                return
+            except Exception as e:  # noqa: BLE001  (cancelled: passed on as the failure)
+                out.set_exception(e)
+                return
+            exe = self.executable(result, key)
+            if exe is None:
+                message = result.error.message or "a damaged or wrong executable"
+                out.set_exception(compiler.CompileError(message))
+            else:
+                out.set_result(exe)
+
+        request = compile_request(graph, target, options, debug, background=True)
+        self.submit(request).add_done_callback(answered)
+        return out
+
+    def cancel(self, request_id: int) -> None:
+        """Withdraws a request: the daemon drops its part in the job (and the job, if no one
+        else waits for it)."""
+        with self._lock:
+            future = self._pending.pop(request_id, None)
+            outbox = self._outbox
+        if future is not None:
+            future.cancel()
+        if outbox is not None:
+            outbox.put(svc.CompileRequest(id=request_id, cancel=True))
 
     def submit(self, request: svc.CompileRequest) -> Future[svc.CompileResult]:
         """Sends a request on the stream; the future fails with DaemonUnavailable if the
@@ -144,16 +238,12 @@ class DaemonCompileClient:
         if time.monotonic() < self._retry_at:
             return None
         self._retry_at = time.monotonic() + RECONNECT_AFTER_S
-        if self.auto_start:
-            info = launcher.ensure_daemon(self.address)
-            if info is not None and not _same_version(info, self.version):
-                # The user's own auto-started daemon from an older installation: replace it
-                # (its clients fall back to compiling in process meanwhile; nothing fails).
-                info = launcher.replace_daemon(self.address, info)
-        else:
-            info = launcher.get_info(
-                self.address, version=self.version, fmt=compiler.FORMAT_VERSION
-            )
+        try:
+            info = self._find_daemon()
+        except ConfigError as e:  # (squatted or unsafe socket directory): never the op's error
+            self._warn(f"compiling in process: {e}")
+            self._retry_at = float("inf")
+            return None
         if info is None:
             return None
         if not _same_version(info, self.version):
@@ -171,6 +261,18 @@ class DaemonCompileClient:
         ).start()
         self._outbox = outbox
         return outbox
+
+    def _find_daemon(self) -> svc.GetInfoResponse | None:
+        if not self.auto_start:
+            return launcher.get_info(
+                self.address, version=self.version, fmt=compiler.FORMAT_VERSION
+            )
+        info = launcher.ensure_daemon(self.address)
+        if info is not None and not _same_version(info, self.version):
+            # The user's own auto-started daemon from an older installation: replace it
+            # (its clients fall back to compiling in process meanwhile; nothing fails).
+            info = launcher.replace_daemon(self.address, info)
+        return info
 
     @staticmethod
     def _requests(outbox: queue.Queue[svc.CompileRequest | None]):  # type: ignore[no-untyped-def]
@@ -205,11 +307,20 @@ class DaemonCompileClient:
             channel.close()
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _executable(self, blob: svc.ExecutableBlob) -> executable_pb2.Executable | None:
-        if not blob_ok(blob):
+    def executable(self, result: svc.CompileResult, key: str) -> executable_pb2.Executable | None:
+        """The executable a result carries, if it is intact and is the one for `key` (the
+        key this process computed for its graph): else None."""
+        if result.WhichOneof("outcome") != "executable" or not blob_ok(result.executable, key):
             return None
-        exe = executable_pb2.Executable.FromString(blob.data)
-        if exe.format_version != compiler.FORMAT_VERSION or exe.compiler_version != self.version:
+        try:
+            exe = executable_pb2.Executable.FromString(result.executable.data)
+        except DecodeError:
+            return None
+        if (
+            exe.cache_key != key
+            or exe.format_version != compiler.FORMAT_VERSION
+            or exe.compiler_version != self.version
+        ):
             return None
         return exe
 
@@ -233,6 +344,7 @@ class DaemonCompileClient:
 
     def close(self) -> None:
         self._lost("closed")
+        self.local.close()
 
 
 def _same_version(info: svc.GetInfoResponse, version: str) -> bool:
@@ -257,6 +369,20 @@ def compile_request(
     if debug is not None:
         request.debug.CopyFrom(debug)
     return request
+
+
+def _pass_on(source: Future[Any], target: Future[Any]) -> None:
+    try:
+        target.set_result(source.result())
+    except Exception as e:  # noqa: BLE001  (the compile's error, whatever it is)
+        target.set_exception(e)
+
+
+def expected_key(
+    graph: graph_pb2.Graph, target: str, options: executable_pb2.CompileOptions
+) -> str:
+    """The cache key this process computes for a request: what the answer must be for."""
+    return compiler.cache_key_from_proto(graph, get_target(target), options).digest
 
 
 def make_client() -> CompileClient:

@@ -9,6 +9,7 @@ NEURON_SIM_TARGET = "NEURON_SIM_TARGET"  # trn1 | trn2 (default trn2): the simul
 NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
 NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issue: daemon)
 NEURON_CACHE_DIR = "NEURON_CACHE_DIR"  # on-disk executable cache (daemon)
+NEURON_COMPILE_DEADLINE = "NEURON_COMPILE_DEADLINE"  # s a compile waits for the daemon (120)
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
 NEURON_PROFILE = "NEURON_PROFILE"  # trace path (profiler)
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline

@@ -139,7 +139,6 @@ class Recorder:
         self.policy = boundaries.Policy()
         self.graphs: dict[tuple[Any, ...], GraphState] = {}
         self._reset()
-        self._compiles: Any = None  # a one-thread pool for in-process background compiles
         self._warned_fallback = False
 
     def _reset(self) -> None:
@@ -469,30 +468,17 @@ class Recorder:
         saving = compile_policy.predicted_saving_ns(
             n, t.launch_overhead_ns, t.host_dispatch_op_ns, t.host_record_op_ns
         )
-        shared = hasattr(rt.compiler, "submit")
         if not compile_policy.should_request(
-            state.history, saving, compile_policy.predicted_compile_ns(len(ops)), shared
+            state.history,
+            saving,
+            compile_policy.predicted_compile_ns(len(ops)),
+            rt.compiler.shared,
         ):
             return
         state.history.requested = True
         rt.metrics.counts["fused_compiles_requested"] += 1
         graph, debug = _graph(ops, inputs, observable)
-        state.future = self._compile_async(graph, debug)
-
-    def _compile_async(self, graph: Graph, debug: graph_pb2.GraphDebug) -> Future[Any]:
-        rt = self.rt
-        proto = to_proto(graph)
-        if hasattr(rt.compiler, "submit"):  # the daemon: low priority, answered when done
-            from trnsim.client.compile_client import compile_request
-
-            request = compile_request(proto, rt.target.name, rt.options, debug, background=True)
-            future: Future[Any] = rt.compiler.submit(request)
-            return future
-        if self._compiles is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._compiles = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trnsim-fuse")
-        return self._compiles.submit(rt.compiler.compile, proto, rt.target.name, rt.options, debug)  # type: ignore[no-any-return]
+        state.future = rt.compiler.compile_async(to_proto(graph), rt.target.name, rt.options, debug)
 
     def _collect(self, state: GraphState) -> None:
         """A finished background compile becomes the graph's executable (or a failure)."""
@@ -502,10 +488,8 @@ class Recorder:
         state.future = None
         counts = self.rt.metrics.counts
         try:
-            exe = _executable(future.result())
+            exe = future.result()
         except Exception:  # noqa: BLE001  (any failure: remember it and keep running op by op)
-            exe = None
-        if exe is None:
             state.history.failed = True
             counts["fused_compiles_failed"] += 1
             return
@@ -542,21 +526,6 @@ def _settle(host: Tensor, result: Tensor, seen: bool) -> Tensor:
     ):
         return result
     return host.copy_(result)
-
-
-def _executable(result: Any) -> Any:
-    """An Executable from an in-process compile or a daemon CompileResult (None: failed)."""
-    from trnsim.protos import compile_service_pb2 as svc
-    from trnsim.protos import executable_pb2
-
-    if isinstance(result, executable_pb2.Executable):
-        return result
-    if isinstance(result, svc.CompileResult) and result.WhichOneof("outcome") == "executable":
-        from trnsim.daemon.cache import blob_ok
-
-        if blob_ok(result.executable):
-            return executable_pb2.Executable.FromString(result.executable.data)
-    return None
 
 
 def _graph(

@@ -12,6 +12,7 @@ from trnsim.compiler.graph import (
     type_to_proto,
     value_to_proto,
 )
+from trnsim.compiler.keys import DEBUG_ONLY_OPTIONS
 from trnsim.compiler.lower import ENGINE_ENUM, Instr
 from trnsim.compiler.memory_plan import MemoryPlan
 from trnsim.compiler.version import FORMAT_VERSION, compiler_version
@@ -89,6 +90,8 @@ def emit(
     )
     exe.graph.CopyFrom(to_proto(g))
     exe.options.CopyFrom(options)
+    for name in DEBUG_ONLY_OPTIONS:  # how it was compiled, not what: the same for everyone
+        exe.options.ClearField(name)
     exe.input_buffers.extend(plan.buffer_of[Value(None, i)] for i in range(len(g.inputs)))
     exe.output_buffers.extend(plan.buffer_of[v] for v in g.outputs)
     mp = exe.memory_plan

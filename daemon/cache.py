@@ -4,7 +4,8 @@ are protobuf bytes, never pickles (BytesDisk refuses anything else)."""
 
 from __future__ import annotations
 
-import hashlib
+import logging
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -14,33 +15,48 @@ from pathlib import Path
 from typing import Any
 
 import diskcache
+from google.protobuf.message import DecodeError
+from trnsim.daemon.config import ensure_private_dir
 from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos.blobs import blob_ok
+
+log = logging.getLogger(__name__)
+
+
+class UnsafeEntry(ValueError):
+    """A cache row that is not ours to read: a pickled value or key (a planted or foreign
+    entry). Refused without unpickling; the row is dropped."""
 
 
 class BytesDisk(diskcache.Disk):  # type: ignore[misc]
-    """diskcache storage that holds str keys and bytes values only: nothing is pickled."""
+    """diskcache storage that holds str keys and bytes values only: nothing is pickled, and a
+    pickled row found on disk (planted, or from another program) is refused, never loaded."""
 
     def put(self, key: Any) -> Any:
         if not isinstance(key, str):
             raise TypeError(f"cache keys are str, not {type(key).__name__}")
         return super().put(key)
 
+    def get(self, key: Any, raw: bool) -> Any:
+        if not raw:
+            raise UnsafeEntry("a pickled key in the cache database")
+        return super().get(key, raw)
+
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         if not isinstance(value, bytes):
             raise TypeError(f"cache values are bytes, not {type(value).__name__}")
         return super().store(value, read, key=key)
 
-
-def digest(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
-def make_blob(data: bytes, format_version: int) -> svc.ExecutableBlob:
-    return svc.ExecutableBlob(data=data, sha256=digest(data), format_version=format_version)
+    def fetch(self, mode: int, filename: Any, value: Any, read: bool) -> Any:
+        if mode not in (diskcache.core.MODE_RAW, diskcache.core.MODE_BINARY):
+            raise UnsafeEntry(f"a cache row of mode {mode} (pickled or text): trnsim stores bytes")
+        return super().fetch(mode, filename, value, read)
 
 
-def blob_ok(blob: svc.ExecutableBlob) -> bool:
-    return len(blob.sha256) == 32 and digest(blob.data) == blob.sha256
+# What a failing disk tier raises: it then answers misses and skips writes (the memory tier
+# and compiling still work), and says so in the log and the `disk_errors` counter.
+_DISK_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout, UnsafeEntry)
+MAX_ERRORS_IN_MEMORY = 10_000
 
 
 @dataclass
@@ -107,21 +123,55 @@ class ExecutableCache:
     ERR = "err:"
 
     def __init__(self, directory: Path, memory_bytes: int, disk_bytes: int, tag: str = "") -> None:
+        ensure_private_dir(directory)  # never through a symlink, never someone else's
         self.directory = directory
         self.tag = tag  # the compiler version: prune drops entries of other versions
+        self.disk_bytes = disk_bytes
         self.memory = MemoryLRU(memory_bytes)
-        self.disk = diskcache.Cache(
-            str(directory),
-            size_limit=disk_bytes,
-            eviction_policy="least-recently-used",
-            disk=BytesDisk,
-            disk_min_file_size=0,  # every value in its own file: integrity checked per entry
-            cull_limit=16,
-        )
+        fresh = not (directory / "cache.db").exists()
+        self.disk = self._open()
         self.disk_counters = TierCounters()
         self.corrupt = 0
-        self._errors: dict[str, tuple[float, bytes]] = {}  # key -> (expires at, CompileError)
+        self.disk_errors = 0
+        # key -> (expires at, CompileError bytes), oldest first, bounded
+        self._errors: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._lock = threading.Lock()
+        if fresh:
+            self._disk(lambda: self.disk.check(fix=True), None)  # files a lost cache.db left
+
+    def _open(self) -> diskcache.Cache:
+        # Small values live in the database itself (bytes on disk close to bytes counted);
+        # every value, wherever it lives, carries its digest.
+        return diskcache.Cache(
+            str(self.directory),
+            size_limit=self.disk_bytes,
+            eviction_policy="least-recently-used",
+            disk=BytesDisk,
+            cull_limit=16,
+        )
+
+    def _disk(self, call: Any, default: Any) -> Any:
+        """A disk-tier operation; its failure is logged and counted, and `default` stands in."""
+        try:
+            return call()
+        except _DISK_ERRORS as e:
+            self.disk_errors += 1
+            if self.disk_errors <= 3 or self.disk_errors % 100 == 0:
+                log.warning(
+                    "disk cache %s: %s (%d disk errors so far)", self.directory, e, self.disk_errors
+                )
+            if not (self.directory / "cache.db").exists():
+                self._reopen()
+            return default
+
+    def _reopen(self) -> None:
+        """cache.db was deleted under us: start a new one (the memory tier is kept)."""
+        try:
+            old, self.disk = self.disk, self._open()
+            old.close()
+            log.warning("disk cache %s: cache.db disappeared; started a new one", self.directory)
+        except _DISK_ERRORS as e:
+            log.warning("disk cache %s cannot be reopened: %s", self.directory, e)
 
     # -- executables ----------------------------------------------------------------------------
     def memory_get(self, key: str) -> svc.ExecutableBlob | None:
@@ -131,9 +181,6 @@ class ExecutableCache:
         if blob is not None:
             self.memory.counters.hits += 1
         return blob
-
-    def in_memory(self, key: str) -> bool:
-        return key in self.memory
 
     def get(self, key: str) -> tuple[svc.ExecutableBlob, int] | None:
         with self._lock:
@@ -148,7 +195,7 @@ class ExecutableCache:
             blob = svc.ExecutableBlob.FromString(raw)
         except Exception:  # noqa: BLE001  (a truncated or garbled entry)
             blob = svc.ExecutableBlob()
-        if not blob_ok(blob):
+        if not blob_ok(blob, key):
             self._drop(key)
             return None
         self.disk_counters.hits += 1
@@ -157,21 +204,30 @@ class ExecutableCache:
         return blob, svc.DISK
 
     def put(self, key: str, blob: svc.ExecutableBlob) -> None:
-        """Stores a blob whose digest the caller has checked (a worker just made it)."""
+        """Stores a blob whose digest the caller has checked (a worker just made it). A disk
+        that refuses it (read-only, full, gone) leaves it in memory only."""
         raw = blob.SerializeToString()
         with self._lock:
             self.memory.put(key, blob, len(raw))
-        before = len(self.disk)
-        self.disk.set(self.EXE + key, raw, tag=self.tag or None)
-        self.disk_counters.evictions += max(0, before + 1 - len(self.disk))
+
+        def store() -> None:
+            before = len(self.disk)
+            self.disk.set(self.EXE + key, raw, tag=self.tag or None)
+            self.disk_counters.evictions += max(0, before + 1 - len(self.disk))
+
+        self._disk(store, None)
 
     def _disk_get(self, disk_key: str) -> bytes | None:
+        """A row's bytes; a row that cannot be read as ours (garbled, pickled) is dropped."""
         try:
             value = self.disk.get(disk_key, default=None)
-        except (OSError, TypeError, ValueError):
-            self.disk.delete(disk_key)
+        except (TypeError, ValueError, UnsafeEntry) as e:
+            log.warning("disk cache: dropping the unreadable entry %s (%s)", disk_key[:24], e)
+            self._disk(lambda: self.disk.delete(disk_key), None)
             self.corrupt += 1
             return None
+        except _DISK_ERRORS:
+            return self._disk(lambda: self.disk.get(disk_key, default=None), None)  # type: ignore[no-any-return]
         return value if isinstance(value, bytes) else None
 
     def _drop(self, key: str) -> None:
@@ -179,74 +235,125 @@ class ExecutableCache:
         self.corrupt += 1
         with self._lock:
             self.memory.discard(key)
-        self.disk.delete(self.EXE + key)
+        self._disk(lambda: self.disk.delete(self.EXE + key), None)
 
     # -- deterministic compile errors, remembered for a while ------------------------------------
     def get_error(self, key: str) -> svc.CompileError | None:
-        now = time.time()
-        entry = self._errors.get(key)
-        if entry is not None and entry[0] > now:
-            return svc.CompileError.FromString(entry[1])
-        raw = self._disk_get(self.ERR + key)
+        with self._lock:
+            entry = self._errors.get(key)
+        raw = entry[1] if entry is not None and entry[0] > time.time() else None
+        if raw is None:
+            raw = self._disk_get(self.ERR + key)
         if raw is None:
             return None
-        return svc.CompileError.FromString(raw)
+        try:
+            return svc.CompileError.FromString(raw)
+        except DecodeError:
+            self.corrupt += 1
+            with self._lock:
+                self._errors.pop(key, None)
+            self._disk(lambda: self.disk.delete(self.ERR + key), None)
+            return None
 
     def put_error(self, key: str, error: svc.CompileError, ttl_s: float) -> None:
         raw = error.SerializeToString()
-        self._errors[key] = (time.time() + ttl_s, raw)
-        self.disk.set(self.ERR + key, raw, expire=ttl_s, tag=self.tag or None)
+        with self._lock:
+            self._errors[key] = (time.time() + ttl_s, raw)
+            self._errors.move_to_end(key)
+            while len(self._errors) > MAX_ERRORS_IN_MEMORY:
+                self._errors.popitem(last=False)
+        self._disk(
+            lambda: self.disk.set(self.ERR + key, raw, expire=ttl_s, tag=self.tag or None), None
+        )
 
     # -- maintenance (trnsim cache ...) ------------------------------------------------------------
+    def keys(self) -> list[str]:
+        """Every key on disk. Rows whose key is not a plain string (pickled: planted or
+        foreign) are deleted, never loaded."""
+        rows = self.disk._sql("SELECT rowid, key, raw FROM Cache").fetchall()
+        keys = []
+        for rowid, key, raw in rows:
+            if raw and isinstance(key, str):
+                keys.append(key)
+            else:
+                log.warning("disk cache: deleting a row with a pickled key (rowid %d)", rowid)
+                self.disk._sql("DELETE FROM Cache WHERE rowid = ?", (rowid,))
+                self.corrupt += 1
+        return keys
+
     def entries(self) -> Iterator[tuple[str, int, str]]:
         """(key, bytes, compiler version) of every executable on disk."""
-        for disk_key in self.disk.iterkeys():
+        for disk_key in self.keys():
             if not disk_key.startswith(self.EXE):
                 continue
-            value, tag = self.disk.get(disk_key, default=None, tag=True)
+            try:
+                value, tag = self.disk.get(disk_key, default=None, tag=True)
+            except _DISK_ERRORS:
+                continue  # (verify drops it)
             if value is not None:
                 yield disk_key[len(self.EXE) :], len(value), tag or ""
 
     def verify(self) -> tuple[int, int]:
-        """Checks every disk entry's digest; deletes bad ones. Returns (good, bad)."""
+        """Checks every disk entry: an executable's digest against its own key (a swapped
+        entry fails), an error's encoding; deletes bad ones. Returns (good, bad)."""
         good = bad = 0
-        for disk_key in list(self.disk.iterkeys()):
+        for disk_key in self.keys():
+            before = self.corrupt
             raw = self._disk_get(disk_key)
             if raw is None:
+                bad += self.corrupt - before
                 continue
-            if disk_key.startswith(self.ERR):
-                good += 1
-                continue
-            try:
-                ok = blob_ok(svc.ExecutableBlob.FromString(raw))
-            except Exception:  # noqa: BLE001
-                ok = False
-            if ok:
+            if _entry_ok(disk_key, raw):
                 good += 1
             else:
                 bad += 1
-                self._drop(disk_key[len(self.EXE) :])
+                self._drop_disk_key(disk_key)
+        self.disk.check(fix=True)  # files no row refers to (a lost cache.db left them)
         return good, bad
 
+    def _drop_disk_key(self, disk_key: str) -> None:
+        if disk_key.startswith(self.EXE):
+            self._drop(disk_key[len(self.EXE) :])
+        else:
+            self.corrupt += 1
+            self.disk.delete(disk_key)
+
     def prune(self) -> int:
-        """Drops expired errors and entries of other compiler versions; returns how many."""
-        removed = self.disk.expire()
-        for disk_key in list(self.disk.iterkeys()):
-            _, tag = self.disk.get(disk_key, default=None, tag=True)
+        """Drops expired errors, entries of other compiler versions and files no row refers
+        to; returns how many entries went."""
+        removed = int(self.disk.expire())
+        for disk_key in self.keys():
+            try:
+                _, tag = self.disk.get(disk_key, default=None, tag=True)
+            except _DISK_ERRORS:
+                tag = None
             if self.tag and tag != self.tag:
                 self.disk.delete(disk_key)
                 removed += 1
         self.disk.cull()
-        return int(removed)
+        self.disk.check(fix=True)
+        return removed
 
     def clear(self) -> int:
         with self._lock:
             self.memory.clear()
-        self._errors.clear()
+            self._errors.clear()
         return int(self.disk.clear())
 
     def disk_stats(self) -> tuple[int, int]:
-        return len(self.disk), int(self.disk.volume())
+        return self._disk(lambda: (len(self.disk), int(self.disk.volume())), (0, 0))  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.disk.close()
+
+
+def _entry_ok(disk_key: str, raw: bytes) -> bool:
+    """An executable whose digest binds it to its own key, or a readable error."""
+    try:
+        if disk_key.startswith(ExecutableCache.EXE):
+            blob = svc.ExecutableBlob.FromString(raw)
+            return blob_ok(blob, disk_key[len(ExecutableCache.EXE) :])
+        svc.CompileError.FromString(raw)
+        return disk_key.startswith(ExecutableCache.ERR)
+    except DecodeError:
+        return False

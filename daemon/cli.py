@@ -140,7 +140,10 @@ def format_stats(s: svc.StatsResponse) -> str:
         ("failures", ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "none"),
         ("corrupt entries dropped", str(s.corrupt_entries)),
         ("queue / in flight / waiters", f"{s.queue_depth} / {s.in_flight} / {s.waiters}"),
-        ("workers (restarts)", f"{s.workers} ({s.worker_restarts})"),
+        (
+            "workers: alive / configured (restarts)",
+            f"{s.workers_alive} / {s.workers} ({s.worker_restarts})",
+        ),
         (
             "compile seconds: total, p50, p99",
             f"{s.compile_seconds_total:.3f}, {s.compile_seconds_p50:.3f}, {s.compile_seconds_p99:.3f}",
@@ -156,6 +159,7 @@ def format_stats(s: svc.StatsResponse) -> str:
         ),
         ("connected clients, uptime", f"{s.connected_clients}, {s.uptime_seconds:.0f} s"),
         ("dropped jobs (nobody waiting)", str(s.dropped_jobs)),
+        ("disk tier errors (answered as misses)", str(s.disk_errors)),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,15 +48,36 @@ def default_workers() -> int:
 
 
 def ensure_private_dir(path: Path, mode: int = 0o700) -> None:
-    """Creates path with `mode`; refuses one owned by another user or open to others."""
-    path.mkdir(parents=True, exist_ok=True, mode=mode)
-    st = path.stat()
+    """A directory only this user can enter: created with `mode`, or an existing one that
+    already is. Never follows a symbolic link and never changes the mode of a directory it
+    did not create (someone else's, or a shared one, is refused with the reason)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=mode)
+        os.chmod(path, mode, follow_symlinks=False)  # (mkdir's mode passes through the umask)
+        return
+    except FileExistsError:
+        pass
+    check_private_dir(path, mode)
+
+
+def check_private_dir(path: Path, mode: int = 0o700) -> None:
+    """Raises ConfigError unless path is a real directory of this user, closed to others."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"{path} is a symbolic link; trnsim uses only real directories there")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path} is not a directory")
     if st.st_uid != os.getuid():
         raise ConfigError(
-            f"{path} belongs to uid {st.st_uid}, not to you; remove it or pick another"
+            f"{path} belongs to uid {st.st_uid}, not to you: another user may have created it "
+            f"to intercept your compiles; remove it or set XDG_RUNTIME_DIR"
         )
-    if st.st_mode & 0o777 != mode:
-        os.chmod(path, mode)
+    if st.st_mode & 0o777 & ~mode:
+        raise ConfigError(
+            f"{path} is open to other users (mode {st.st_mode & 0o777:o}); "
+            f"run `chmod {mode:o} {path}` or remove it"
+        )
 
 
 def socket_path(address: str) -> Path | None:

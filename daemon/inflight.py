@@ -7,6 +7,7 @@ waiters all left is dropped without compiling.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.scheduler import priorities
 
+log = logging.getLogger(__name__)
 Deliver = Callable[[svc.CompileResult], None]
 
 
@@ -24,6 +26,7 @@ class Waiter:
     request_id: int
     priority: int
     deliver: Deliver
+    joined: bool = False  # it joined a job already in flight (answered with tier JOINED)
 
 
 @dataclass(eq=False)
@@ -34,6 +37,12 @@ class Job:
     waiters: list[Waiter] = field(default_factory=list)
     attempts: int = 0
     running: bool = False
+
+    @property
+    def cache_key(self) -> str:
+        """The executable's cache key (a job with test hooks has an in-flight key of its
+        own, so that nobody joins a compile made to crash or stall)."""
+        return self.key.split(":", 1)[0]
 
     def queued(self) -> priorities.QueuedJob:
         return priorities.QueuedJob(
@@ -56,6 +65,7 @@ class InFlight:
         with self._cond:
             job = self._jobs.get(key)
             if job is not None:
+                waiter.joined = True
                 job.waiters.append(waiter)
                 self.joins += 1
                 self._cond.notify_all()
@@ -117,7 +127,12 @@ class InFlight:
             out = svc.CompileResult()
             out.CopyFrom(result)
             out.id = w.request_id
-            w.deliver(out)
+            if w.joined and out.WhichOneof("outcome") == "executable":
+                out.tier = svc.JOINED
+            try:
+                w.deliver(out)
+            except Exception:  # (a closed stream): the other waiters still get theirs
+                log.exception("answering request %d failed", w.request_id)
         return len(waiters)
 
     def cancel_queued(self, message: str) -> int:

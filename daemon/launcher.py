@@ -6,13 +6,16 @@ import atexit
 import fcntl
 import os
 import signal
+import socket
+import stat
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import grpc
-from trnsim.daemon.config import default_address, ensure_private_dir, socket_path
+from trnsim.daemon.config import ConfigError, default_address, ensure_private_dir, socket_path
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
@@ -28,13 +31,78 @@ def _detach_spawned() -> None:
             proc.returncode = 0
 
 
+class UntrustedDaemon(ConfigError):
+    """Unrecoverable for this address: what listens there (or the directory it listens in)
+    is not this user's daemon; compiles stay in process. The message says what to fix."""
+
+
+def check_trusted(address: str) -> None:
+    """Before a single byte is sent: a Unix socket's directory must be a real directory that
+    only its owner can write, owned by this user or created under a root-only directory (a
+    systemd RuntimeDirectory), and the process listening must run as that owner, this user
+    or root. A name in the shared temp directory that another user created first fails."""
+    path = socket_path(address)
+    if path is None:
+        return  # a TCP address is named by the user, who chose to trust it
+    owner = _trusted_dir(path.parent)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or st.st_uid not in (owner, os.getuid(), 0):
+        raise UntrustedDaemon(f"{path} is not a socket of this user's daemon (uid {st.st_uid})")
+    uid = peer_uid(path)
+    if uid is not None and uid not in (owner, os.getuid(), 0):
+        raise UntrustedDaemon(
+            f"the process listening on {path} runs as uid {uid}, not as you; it is not your "
+            f"compile daemon (remove {path.parent} or set XDG_RUNTIME_DIR)"
+        )
+
+
+def _trusted_dir(directory: Path) -> int:
+    """The uid that owns a trustworthy socket directory; raises UntrustedDaemon otherwise."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return os.getuid()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UntrustedDaemon(f"{directory} is not a real directory (a symbolic link?)")
+    if st.st_mode & 0o022:
+        raise UntrustedDaemon(
+            f"{directory} can be written by other users (mode {st.st_mode & 0o777:o})"
+        )
+    if st.st_uid in (os.getuid(), 0):
+        return st.st_uid
+    parent = os.lstat(directory.parent)
+    if parent.st_uid == 0 and not parent.st_mode & 0o022:
+        return st.st_uid  # only root could create it there: a system daemon's directory
+    raise UntrustedDaemon(
+        f"{directory} belongs to uid {st.st_uid}, not to you: another user may have created it "
+        f"to intercept your compiles; remove it or set XDG_RUNTIME_DIR"
+    )
+
+
+def peer_uid(path: Path) -> int | None:
+    """The uid of the process listening on a Unix socket (SO_PEERCRED), None if none does."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+            creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except OSError:
+            return None
+    return int(struct.unpack("3i", creds)[1])
+
+
 def get_info(
     address: str, timeout: float = 1.0, version: str = "", fmt: int = 0
 ) -> svc.GetInfoResponse | None:
-    """The daemon's GetInfo answer, or None when nothing answers at address."""
+    """The daemon's GetInfo answer, or None when nothing answers at address. Raises
+    UntrustedDaemon when what answers there is not this user's (check_trusted)."""
     path = socket_path(address)
     if path is not None and not path.exists():
         return None
+    check_trusted(address)
     channel = grpc.insecure_channel(address)
     try:
         stub = svc_grpc.CompileServiceStub(channel)

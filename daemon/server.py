@@ -60,7 +60,8 @@ def create_server(
             f"TCP address {address!r}: set TRNSIM_ALLOW_TCP=1 to listen beyond loopback"
         )
     config.address = address
-    ensure_private_dir(config.cache_dir)
+    if not config.cache_dir.exists():  # (an existing one, shared maybe, keeps its mode)
+        ensure_private_dir(config.cache_dir)
     service = CompileService(config)
     server = grpc.aio.server(
         options=[

@@ -15,17 +15,18 @@ from typing import Any
 import grpc
 from trnsim import compiler
 from trnsim.compiler.graph import GraphError, from_proto
-from trnsim.daemon.cache import ExecutableCache, blob_ok
+from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import DaemonConfig
 from trnsim.daemon.inflight import InFlight, Job, Waiter
 from trnsim.daemon.workers import WorkerPool
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
+from trnsim.protos.blobs import blob_ok
 from trnsim.simulator.config import TARGETS, get_target
 
 log = logging.getLogger(__name__)
 MAX_LOOKUP_KEYS = 10_000
-_HEX = frozenset("0123456789abcdef")
+FAST_PATH_MAX_NODES = 2_000  # larger graphs are hashed on the I/O threads
 
 
 class Stats:
@@ -101,10 +102,9 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 async for request in request_iterator:
                     self.last_activity = time.monotonic()
                     if not self._answer_fast(stream, request, out.put_nowait):
-                        slow = loop.run_in_executor(
-                            self._io, self._handle, stream, request, from_thread
+                        loop.run_in_executor(
+                            self._io, self._handle_safely, stream, request, from_thread
                         )
-                        slow.add_done_callback(_log_failure)
             except (grpc.RpcError, asyncio.CancelledError):
                 pass  # the client went away
             except Exception:
@@ -128,19 +128,20 @@ class CompileService(svc_grpc.CompileServiceServicer):
             self.last_activity = time.monotonic()
 
     def _answer_fast(self, stream: int, request: svc.CompileRequest, deliver: Any) -> bool:
-        """Answers from the memory tier when it can; False sends the request the slow way."""
+        """Answers from the memory tier when it can; False sends the request the slow way.
+        Only small graphs are hashed here: the event loop serves every client."""
         with self.stats.lock:
             self.stats.requests += 1
         if request.cancel:
             self.inflight.withdraw(stream, request.id)
             return True
-        if self._check(request) is not None:
+        if len(request.graph.nodes) > FAST_PATH_MAX_NODES or self._check(request) is not None:
             return False
         try:
             key = compiler.cache_key_from_proto(
                 request.graph, get_target(request.target), request.options
             ).digest
-        except GraphError:
+        except Exception:  # noqa: BLE001  (malformed: the slow path answers with the reason)
             return False
         blob = self.cache.memory_get(key)
         if blob is None:
@@ -149,6 +150,24 @@ class CompileService(svc_grpc.CompileServiceServicer):
             self.stats.seconds_saved += blob.compile_seconds
         deliver(svc.CompileResult(id=request.id, cache_key=key, executable=blob, tier=svc.MEMORY))
         return True
+
+    def _handle_safely(self, stream: int, request: svc.CompileRequest, deliver: Any) -> None:
+        """_handle, with the guarantee that the request gets an answer, whatever fails."""
+        answered = False
+
+        def once(result: svc.CompileResult) -> None:
+            nonlocal answered
+            answered = True
+            deliver(result)
+
+        try:
+            self._handle(stream, request, once)
+        except Exception as e:
+            log.exception("handling request %d of stream %d failed", request.id, stream)
+            if not answered:
+                message = f"internal error of the compile daemon ({type(e).__name__}: {e})"
+                self.stats.failure(svc.TRANSIENT)
+                once(_error_result(request.id, svc.TRANSIENT, message))
 
     def _handle(self, stream: int, request: svc.CompileRequest, deliver: Any) -> None:
         error = self._check(request)
@@ -192,10 +211,8 @@ class CompileService(svc_grpc.CompileServiceServicer):
             return
         priority = request.priority or svc.BLOCKING
         waiter = Waiter(stream, request.id, priority, deliver)
-        job_request = svc.CompileRequest()
-        job_request.CopyFrom(request)
-        job_request.id = 0
-        self.inflight.submit(key, job_request, waiter)
+        job_key, job_request = shared_job(key, request)
+        self.inflight.submit(job_key, job_request, waiter)
 
     def _invalid(self, request: svc.CompileRequest, deliver: Any, e: Exception) -> None:
         self.stats.failure(svc.INVALID_REQUEST)
@@ -227,13 +244,24 @@ class CompileService(svc_grpc.CompileServiceServicer):
         return None
 
     def _compiled(self, job: Job, result: svc.CompileResult) -> None:
-        """A worker finished a job: cache it (or its deterministic error), answer the waiters."""
+        """A worker finished a job: cache it (or its deterministic error), answer the waiters
+        (always, even when caching fails)."""
+        try:
+            self._record(job, result)
+        except Exception:
+            log.exception("recording the compile of %s failed; answering anyway", job.key[:16])
+        waiters = self.inflight.finish(job, result)
+        if result.WhichOneof("outcome") == "executable" and waiters > 1:
+            with self.stats.lock:
+                self.stats.seconds_saved += (waiters - 1) * result.compile_seconds
+
+    def _record(self, job: Job, result: svc.CompileResult) -> None:
         outcome = result.WhichOneof("outcome")
         with self.stats.lock:
             self.stats.compiles += 1
             if outcome == "executable":
                 self.stats.compile_seconds.append(result.compile_seconds)
-        if outcome == "executable" and not blob_ok(result.executable):
+        if outcome == "executable" and not blob_ok(result.executable, job.cache_key):
             outcome = "error"  # damaged on its way from the worker: never cached
             result.error.CopyFrom(
                 svc.CompileError(
@@ -242,17 +270,17 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 )
             )
         if outcome == "executable":
-            result.cache_key = job.key
+            result.cache_key = job.cache_key
             result.tier = svc.COMPILED
-            self.cache.put(job.key, result.executable)
+            self.cache.put(job.cache_key, result.executable)
         else:
             self.stats.failure(result.error.error_class)
-            if result.error.error_class in (svc.DETERMINISTIC, svc.OUT_OF_DEVICE_MEMORY):
-                self.cache.put_error(job.key, result.error, self.config.error_ttl_s)
-        waiters = self.inflight.finish(job, result)
-        if outcome == "executable" and waiters > 1:
-            with self.stats.lock:
-                self.stats.seconds_saved += (waiters - 1) * result.compile_seconds
+            deterministic = result.error.error_class in (
+                svc.DETERMINISTIC,
+                svc.OUT_OF_DEVICE_MEMORY,
+            )
+            if deterministic:
+                self.cache.put_error(job.cache_key, result.error, self.config.error_ttl_s)
 
     # -- unary RPCs -------------------------------------------------------------------------------
     def Lookup(
@@ -339,6 +367,8 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 uptime_seconds=time.time() - self.started,
                 worker_restarts=self.pool.restarts,
                 dropped_jobs=self.inflight.dropped,
+                disk_errors=self.cache.disk_errors,
+                workers_alive=self.pool.alive(),
             )
         return response
 
@@ -365,6 +395,28 @@ class CompileService(svc_grpc.CompileServiceServicer):
         self.cache.close()
 
 
-def _log_failure(future: Any) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("handling a compile request failed", exc_info=future.exception())
+def _error_result(request_id: int, error_class: int, message: str) -> svc.CompileResult:
+    error = svc.CompileError(error_class=error_class, message=message)  # type: ignore[arg-type]
+    return svc.CompileResult(id=request_id, error=error)
+
+
+# Options that change how a compile runs, never what it makes (compiler/keys.py leaves them
+# out of the key): test hooks that crash or slow a worker, and source-line debug info.
+_HOOKS = ("debug_crash_worker", "debug_sleep_ms")
+
+
+def shared_job(key: str, request: svc.CompileRequest) -> tuple[str, svc.CompileRequest]:
+    """The job a request joins: the compile of its key with nothing of the requester's own
+    (no debug info: clients attach their own source lines; the executable is the same for
+    everyone). A request with a test hook set gets a job of its own that nobody else joins."""
+    job = svc.CompileRequest()
+    job.CopyFrom(request)
+    job.id = 0
+    job.ClearField("debug")
+    job.options.emit_debug_info = False
+    hooks = [
+        f"{name}={getattr(request.options, name)}"
+        for name in _HOOKS
+        if getattr(request.options, name)
+    ]
+    return (f"{key}:{','.join(hooks)}" if hooks else key), job

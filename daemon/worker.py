@@ -13,8 +13,8 @@ import time
 from typing import BinaryIO
 
 from trnsim import compiler
-from trnsim.daemon.cache import make_blob
 from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos.blobs import make_blob
 
 _HEADER = struct.Struct(">I")
 
@@ -61,7 +61,7 @@ def compile_request(request: svc.CompileRequest) -> svc.CompileResult:
         )
         return result
     seconds = time.perf_counter() - start
-    blob = make_blob(exe.SerializeToString(), exe.format_version)
+    blob = make_blob(exe.SerializeToString(), exe.format_version, exe.cache_key)
     blob.compile_seconds = seconds
     result.executable.CopyFrom(blob)
     result.cache_key = exe.cache_key

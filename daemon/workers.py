@@ -4,6 +4,7 @@ a compile over the time limit is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from google.protobuf.message import DecodeError
 from trnsim.daemon.inflight import InFlight, Job
 from trnsim.daemon.worker import read_message, write_message
 from trnsim.protos import compile_service_pb2 as svc
@@ -36,31 +38,44 @@ class _Process:
             close_fds=True,
         )
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def compile(self, request: svc.CompileRequest, timeout: float) -> svc.CompileResult | str:
         """The result, or "died" / "timeout"."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             write_message(self.proc.stdin, request.SerializeToString())  # type: ignore[arg-type]
-        except (BrokenPipeError, OSError):
+        except OSError:  # (BrokenPipeError: it died before or while reading)
             return "died"
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
             return "timeout"
-        data = read_message(self.proc.stdout)  # type: ignore[arg-type]
-        if data is None:
-            return "died"
-        return svc.CompileResult.FromString(data)
+        try:
+            data = read_message(self.proc.stdout)  # type: ignore[arg-type]
+            return "died" if data is None else svc.CompileResult.FromString(data)
+        except (OSError, DecodeError):
+            return "died"  # a worker that writes garbage is as good as dead
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        """Gone for good, whatever state it and its pipes are in (a dead reader makes
+        closing stdin raise BrokenPipeError as it flushes)."""
+        with contextlib.suppress(OSError):
+            if self.proc.poll() is None:
+                self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 class WorkerPool:
+    """`size` threads, each supervising one worker process: a worker that dies, idle or
+    busy, is noticed and replaced (counted in `restarts`); a thread never dies with its job
+    unanswered, whatever fails."""
+
     def __init__(self, size: int, inflight: InFlight, done: Done, timeout_s: float) -> None:
         self.size = size
         self.inflight = inflight
@@ -77,51 +92,71 @@ class WorkerPool:
         for t in self._threads:
             t.start()
 
+    def alive(self) -> int:
+        """Supervising threads still running (each keeps one worker process)."""
+        return sum(t.is_alive() for t in self._threads)
+
     def _run(self) -> None:
-        proc = _Process()
+        proc = self._spawn()
         try:
             while not self._stopping:
+                if proc is None or not proc.alive():  # (an idle worker killed by the OOM killer)
+                    proc = self._replace(proc, "an idle compile worker died")
+                    continue
                 job = self.inflight.next_job(timeout=0.5)
                 if job is None:
                     continue
-                with self._lock:
-                    self.busy += 1
-                try:
-                    proc = self._compile(proc, job)
-                finally:
-                    with self._lock:
-                        self.busy -= 1
+                proc = self._run_job(proc, job)
         finally:
-            proc.kill()
+            if proc is not None:
+                proc.kill()
 
-    def _compile(self, proc: _Process, job: Job) -> _Process:
+    def _run_job(self, proc: _Process, job: Job) -> _Process | None:
+        with self._lock:
+            self.busy += 1
+        try:
+            return self._compile(proc, job)
+        except Exception as e:
+            log.exception("compiling %s failed inside the daemon", job.key[:16])
+            message = f"internal error of the compile daemon ({type(e).__name__}: {e})"
+            self.done(job, _error(svc.TRANSIENT, message))
+            return self._replace(proc, "after an internal error")
+        finally:
+            with self._lock:
+                self.busy -= 1
+
+    def _spawn(self) -> _Process | None:
+        try:
+            return _Process()
+        except OSError as e:  # (fork failed, out of descriptors): try again shortly
+            log.error("could not start a compile worker: %s", e)
+            time.sleep(1.0)
+            return None
+
+    def _replace(self, proc: _Process | None, why: str) -> _Process | None:
+        if proc is not None:
+            proc.kill()
+            with self._lock:
+                self.restarts += 1
+            log.warning("%s; starting another", why)
+        return self._spawn()
+
+    def _compile(self, proc: _Process, job: Job) -> _Process | None:
         outcome = proc.compile(job.request, self.timeout_s)
         if isinstance(outcome, svc.CompileResult):
             self.done(job, outcome)
             return proc
-        proc.kill()
-        with self._lock:
-            self.restarts += 1
-        fresh = _Process()
+        fresh = self._replace(proc, f"a compile worker {outcome} on {job.key[:16]}")
         if outcome == "timeout":
             message = (
                 f"the compile ran over the daemon's limit of {self.timeout_s:.0f} s and was killed"
             )
-            self.done(
-                job,
-                svc.CompileResult(error=svc.CompileError(error_class=svc.TIMEOUT, message=message)),
-            )
+            self.done(job, _error(svc.TIMEOUT, message))
         elif job.attempts < 2:
-            log.warning("compile worker died on %s; retrying once", job.key[:16])
             self.inflight.requeue(job)
         else:
             message = "the compile worker died twice on this graph (crash or out-of-memory kill)"
-            self.done(
-                job,
-                svc.CompileResult(
-                    error=svc.CompileError(error_class=svc.TRANSIENT, message=message)
-                ),
-            )
+            self.done(job, _error(svc.TRANSIENT, message))
         return fresh
 
     def stop(self, wait_s: float = 5.0) -> None:
@@ -130,3 +165,7 @@ class WorkerPool:
         deadline = time.monotonic() + wait_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _error(error_class: int, message: str) -> svc.CompileResult:
+    return svc.CompileResult(error=svc.CompileError(error_class=error_class, message=message))  # type: ignore[arg-type]

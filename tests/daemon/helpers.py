@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -82,3 +83,16 @@ def request(i: int, **options: object) -> svc.CompileRequest:
         compiler_version=compiler.compiler_version(),
         format_version=compiler.FORMAT_VERSION,
     )
+
+
+def cache_rows(cache_dir: Path) -> list[tuple[int, str, bytes]]:
+    """(rowid, key, value) of every entry the daemon's disk tier holds in its database."""
+    with sqlite3.connect(cache_dir / "executables" / "cache.db") as db:
+        return list(db.execute("SELECT rowid, key, value FROM Cache ORDER BY rowid"))
+
+
+def set_row(cache_dir: Path, rowid: int, **columns: object) -> None:
+    """Rewrites columns of one row behind the daemon's back (corruption, planted rows)."""
+    names = ", ".join(f"{k} = ?" for k in columns)
+    with sqlite3.connect(cache_dir / "executables" / "cache.db") as db:
+        db.execute(f"UPDATE Cache SET {names} WHERE rowid = ?", (*columns.values(), rowid))

@@ -22,7 +22,7 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
 
-from .helpers import graph, request, start_daemon
+from .helpers import cache_rows, graph, request, set_row, start_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,23 +125,20 @@ def test_deterministic_errors_are_cached(daemon):
     assert _stats(daemon.address).compiles == compiles, "answered from the error cache"
 
 
-def _entry_files(cache_dir: Path) -> list[Path]:
-    return sorted(cache_dir.rglob("*.val"))
-
-
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_disk_entries_are_detected_and_recompiled(short_tmp, damage):
     d = start_daemon(short_tmp, "--workers", "1")
     assert _compile(d.address, request(7))[0].tier == svc.COMPILED
     d.stop()
-    files = _entry_files(d.cache_dir)
-    assert len(files) == 1
-    data = files[0].read_bytes()
-    files[0].write_bytes(
+    rows = cache_rows(d.cache_dir)
+    assert len(rows) == 1
+    rowid, _, data = rows[0]
+    damaged = (
         data[: len(data) // 2]
         if damage == "truncate"
         else bytes(b ^ 0xFF for b in data[:64]) + data[64:]
     )
+    set_row(d.cache_dir, rowid, value=damaged)
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
     try:
         result = _compile(d.address, request(7))[0]
@@ -167,9 +164,9 @@ def test_restart_serves_from_disk_and_cache_commands(short_tmp):
     cache = ["cache", "--cache-dir", str(d.cache_dir)]
     assert cli([*cache, "verify"]) == 0
     assert cli([*cache, "prune"]) == 0
-    assert len(_entry_files(d.cache_dir)) == 2, "entries of this compiler version survive prune"
+    assert len(cache_rows(d.cache_dir)) == 2, "entries of this compiler version survive prune"
     assert cli([*cache, "clear"]) == 0
-    assert _entry_files(d.cache_dir) == []
+    assert cache_rows(d.cache_dir) == []
 
 
 def test_bad_requests_get_the_right_status_and_the_daemon_stays_up(short_tmp):
