@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -192,8 +193,13 @@ class Graph:
         return users
 
     def validate(self) -> None:
-        """Raises GraphError unless every reference points at an earlier, existing value."""
+        """Raises GraphError unless the graph is well formed and within the limits: every
+        reference points at an earlier value, every type is a real tensor type, every op a
+        plausible name. What a request may ask of the compiler is bounded here (LIMITS)."""
+        for k, t in enumerate(self.inputs):
+            _check_type(t, f"input {k}")
         for i, node in enumerate(self.nodes):
+            _check_node(node, i)
             for v in node.tensor_args():
                 self._check_ref(v, i, f"node {i} ({node.op})")
             for alias in node.aliases:
@@ -215,6 +221,66 @@ class Graph:
             ok = 0 <= v.node < before and 0 <= v.index < len(self.nodes[v.node].outputs)
         if not ok:
             raise GraphError(f"{where}: reference {v} is not an earlier value of the graph")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_rank: int = 64  # PyTorch's own limit on dimensions
+    max_elements: int = 1 << 48  # per tensor (beyond any device's memory)
+    max_outputs_per_node: int = 16_384  # foreach ops over every parameter of a large model
+    max_args_per_node: int = 16_384
+    max_name_length: int = 256
+
+
+LIMITS = Limits()
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)?")
+_UNKNOWN_SHAPE = ((-1,), (1,))  # a data-dependent output, sized when it has run
+
+
+def _check_type(t: TensorType, where: str, unknown_ok: bool = False) -> None:
+    if not dtypes.known(t.dtype):
+        raise GraphError(f"{where}: unknown dtype code {t.dtype}")
+    if unknown_ok and (t.shape, t.strides) == _UNKNOWN_SHAPE:
+        return
+    if len(t.shape) > LIMITS.max_rank:
+        raise GraphError(f"{where}: {len(t.shape)} dimensions, over the limit of {LIMITS.max_rank}")
+    if len(t.strides) != len(t.shape):
+        raise GraphError(f"{where}: {len(t.strides)} strides for {len(t.shape)} dimensions")
+    if any(s < 0 for s in t.shape) or any(s < 0 for s in t.strides) or t.storage_offset < 0:
+        raise GraphError(f"{where}: negative size, stride or offset in {t}")
+    numel = 1
+    for s in t.shape:
+        numel *= s
+    if numel > LIMITS.max_elements:
+        raise GraphError(f"{where}: {numel} elements, over the limit of {LIMITS.max_elements}")
+
+
+def _check_node(node: Node, i: int) -> None:
+    if len(node.op) > LIMITS.max_name_length or not _OP_NAME.fullmatch(node.op):
+        raise GraphError(f"node {i}: {node.op[:80]!r} is not an operator name (ns::op.overload)")
+    where = f"node {i} ({node.op})"
+    if len(node.outputs) > LIMITS.max_outputs_per_node:
+        raise GraphError(f"{where}: {len(node.outputs)} outputs, over the limit")
+    if len(node.args) > LIMITS.max_args_per_node:
+        raise GraphError(f"{where}: {len(node.args)} arguments, over the limit")
+    for k, t in enumerate(node.outputs):
+        _check_type(t, f"{where} output {k}", unknown_ok=True)
+    for name, value in node.args:
+        if len(name) > LIMITS.max_name_length:
+            raise GraphError(f"{where}: an argument name of {len(name)} characters")
+        for d in _dtypes_in(value):
+            if not dtypes.known(d):
+                raise GraphError(f"{where}: argument {name!r} has unknown dtype code {d}")
+    if any(not 0 <= k < len(node.args) for k in node.mutated_args):
+        raise GraphError(f"{where}: a mutated argument index is out of range")
+
+
+def _dtypes_in(value: ArgValue) -> Iterator[int]:
+    if isinstance(value, DTypeArg):
+        yield value.dtype
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _dtypes_in(item)
 
 
 # -- proto conversion -------------------------------------------------------------------------

@@ -50,11 +50,37 @@ def _align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
+BULK = 64  # more buffers than this with one lifetime are placed as one block
+
+
 def assign_offsets(buffers: list[PlannedBuffer]) -> int:
     """Greedy by size: each buffer takes the lowest offset free for all of its lifetime.
 
     Two buffers whose lifetimes overlap never overlap in address. Returns the arena's peak.
+    Many buffers born and dying together (a node with thousands of outputs) are laid out
+    side by side as one block, so the plan stays far from quadratic in them.
     """
+    by_lifetime: dict[tuple[int, int], list[PlannedBuffer]] = {}
+    for b in buffers:
+        by_lifetime.setdefault((b.live_from, b.live_until), []).append(b)
+    blocks = {key: group for key, group in by_lifetime.items() if len(group) > BULK}
+    if not blocks:
+        return _first_fit(buffers)
+    singles = [b for key, group in by_lifetime.items() if key not in blocks for b in group]
+    stand_ins = {
+        key: PlannedBuffer(-1, 0, 0, sum(_align(b.size) for b in group), None, None, *key)
+        for key, group in blocks.items()
+    }
+    peak = _first_fit([*singles, *stand_ins.values()])
+    for key, group in blocks.items():
+        offset = stand_ins[key].offset
+        for b in sorted(group, key=lambda b: b.id):
+            b.offset = offset
+            offset += _align(b.size)
+    return peak
+
+
+def _first_fit(buffers: list[PlannedBuffer]) -> int:
     placed: list[PlannedBuffer] = []
     peak = 0
     for b in sorted(buffers, key=lambda b: (-b.size, b.live_from, b.id)):

@@ -182,6 +182,10 @@ class ExecutableCache:
             self.memory.counters.hits += 1
         return blob
 
+    def memory_has(self, key: str) -> bool:
+        with self._lock:
+            return key in self.memory
+
     def get(self, key: str) -> tuple[svc.ExecutableBlob, int] | None:
         with self._lock:
             cached = self.memory.get(key)

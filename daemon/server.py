@@ -12,12 +12,12 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from trnsim.daemon import wire
 from trnsim.daemon.config import ConfigError, DaemonConfig, ensure_private_dir, socket_path
 from trnsim.daemon.service import CompileService
-from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "trnsim.service.CompileService"
+SERVICE_NAME = wire.SERVICE
 
 
 def _prepare_socket(path: Path, system: bool) -> None:
@@ -70,7 +70,7 @@ def create_server(
             ("grpc.max_concurrent_streams", config.max_streams),
         ],
     )
-    svc_grpc.add_CompileServiceServicer_to_server(service, server)
+    wire.register(server, service)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)

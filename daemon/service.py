@@ -18,6 +18,7 @@ from trnsim.compiler.graph import GraphError, from_proto
 from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import DaemonConfig
 from trnsim.daemon.inflight import InFlight, Job, Waiter
+from trnsim.daemon.wire import Undecodable
 from trnsim.daemon.workers import WorkerPool
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
@@ -27,6 +28,7 @@ from trnsim.simulator.config import TARGETS, get_target
 log = logging.getLogger(__name__)
 MAX_LOOKUP_KEYS = 10_000
 FAST_PATH_MAX_NODES = 2_000  # larger graphs are hashed on the I/O threads
+_HEX = frozenset("0123456789abcdef")
 
 
 class Stats:
@@ -79,7 +81,9 @@ class CompileService(svc_grpc.CompileServiceServicer):
 
     # -- Compile: a bidirectional stream per client process -------------------------------------
     async def Compile(
-        self, request_iterator: AsyncIterator[svc.CompileRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[svc.CompileRequest | Undecodable],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[svc.CompileResult]:
         """Cache hits are answered on the event loop; everything else (disk, validation,
         queueing) runs on the I/O threads; compiled results come back from the workers."""
@@ -101,6 +105,11 @@ class CompileService(svc_grpc.CompileServiceServicer):
             try:
                 async for request in request_iterator:
                     self.last_activity = time.monotonic()
+                    if isinstance(request, Undecodable):
+                        self.stats.failure(svc.INVALID_REQUEST)
+                        message = f"not a CompileRequest message: {request.error}"
+                        out.put_nowait(_error_result(0, svc.INVALID_REQUEST, message))
+                        continue
                     if not self._answer_fast(stream, request, out.put_nowait):
                         loop.run_in_executor(
                             self._io, self._handle_safely, stream, request, from_thread
@@ -176,6 +185,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             deliver(svc.CompileResult(id=request.id, error=error))
             return
         try:
+            from_proto(request.graph)  # validated (types, names, limits) before anything else
             key = compiler.cache_key_from_proto(
                 request.graph, get_target(request.target), request.options
             ).digest
@@ -192,11 +202,6 @@ class CompileService(svc_grpc.CompileServiceServicer):
         cached_error = self.cache.get_error(key)
         if cached_error is not None:
             deliver(svc.CompileResult(id=request.id, cache_key=key, error=cached_error))
-            return
-        try:
-            from_proto(request.graph)  # validate before anything is queued
-        except GraphError as e:
-            self._invalid(request, deliver, e)
             return
         if self.draining:
             deliver(
@@ -283,28 +288,37 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 self.cache.put_error(job.cache_key, result.error, self.config.error_ttl_s)
 
     # -- unary RPCs -------------------------------------------------------------------------------
-    def Lookup(
-        self, request: svc.LookupRequest, context: grpc.ServicerContext
+    async def Lookup(
+        self, request: svc.LookupRequest, context: grpc.aio.ServicerContext
     ) -> svc.LookupResponse:
+        """Memory hits answered on the event loop; the disk tier on the I/O threads."""
         if (
             request.compiler_version != self.version
             or request.format_version != compiler.FORMAT_VERSION
         ):
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"client compiler {request.compiler_version} differs from the daemon's {self.version}",
             )
         if len(request.cache_keys) > MAX_LOOKUP_KEYS:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_LOOKUP_KEYS} keys per Lookup"
             )
+        bad = [k for k in request.cache_keys if len(k) != 64 or not _HEX.issuperset(k)]
+        if bad:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{bad[0][:80]!r} is not a cache key (64 hex digits)",
+            )
+        self.last_activity = time.monotonic()
+        if all(self.cache.memory_has(k) for k in request.cache_keys):
+            return self._lookup(request)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._io, self._lookup, request)
+
+    def _lookup(self, request: svc.LookupRequest) -> svc.LookupResponse:
         response = svc.LookupResponse()
         for key in request.cache_keys:
-            if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{key[:80]!r} is not a cache key (64 hex digits)",
-                )
             hit = self.cache.get(key)
             entry = response.entries.add(cache_key=key, found=hit is not None)
             if hit is not None:
@@ -312,13 +326,11 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 entry.tier = hit[1]  # type: ignore[assignment]
         with self.stats.lock:
             self.stats.lookups += len(request.cache_keys)
-        self.last_activity = time.monotonic()
         return response
 
-    def GetInfo(
-        self, request: svc.GetInfoRequest, context: grpc.ServicerContext
+    async def GetInfo(
+        self, request: svc.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> svc.GetInfoResponse:
-
         compatible = (
             request.client_compiler_version == self.version
             and request.client_format_version == compiler.FORMAT_VERSION

@@ -67,16 +67,20 @@ def matmul(target: Target, m: int, k: int, n: int, low_precision: bool, batch: i
     k_tiles = -(-k // target.pe_rows)
     m_tiles = -(-m // target.pe_cols)
     n_full, n_rest = divmod(n, target.moving_free_max)
-    per_m_tile = []
-    for m_i in range(m_tiles):
-        stationary = min(target.pe_cols, m - m_i * target.pe_cols)
+
+    def m_tile_cycles(stationary: int) -> int:
         cycles = n_full * max(min(64, stationary), target.moving_free_max)
         if n_rest:
             cycles += max(min(64, stationary), n_rest)
-        per_m_tile.append(cycles)
+        return cycles
+
+    # Every m tile but the last is full: closed form, whatever the size (no loop over tiles).
+    last = m - (m_tiles - 1) * target.pe_cols
+    all_m_tiles = (m_tiles - 1) * m_tile_cycles(target.pe_cols) + m_tile_cycles(last)
+    first_m_tile = m_tile_cycles(min(target.pe_cols, m))
     factor = 1 if low_precision else target.fp32_matmul_factor
-    total = batch * k_tiles * sum(per_m_tile) * factor
-    first = (per_m_tile[0] // max(1, n_full + (1 if n_rest else 0))) * k_tiles * factor
+    total = batch * k_tiles * all_m_tiles * factor
+    first = (first_m_tile // max(1, n_full + (1 if n_rest else 0))) * k_tiles * factor
     return Cost(
         "tensor",
         total,

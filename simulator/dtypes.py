@@ -36,6 +36,10 @@ _LOW_PRECISION = {
 }
 
 
+def known(dtype: int) -> bool:
+    return dtype in _TABLE
+
+
 def itemsize(dtype: int) -> int:
     return _TABLE[dtype][1]
 
