@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := protos simulator compiler scheduler daemon client
 
-.PHONY: setup test test-slow lint protos explain demo bench conformance clean
+.PHONY: setup test test-slow lint protos explain demo bench conformance zoo clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,11 @@ bench: setup
 	$(PY) benchmarks/dispatch.py
 	$(PY) benchmarks/daemon.py
 	NEURON_COMPILE_DAEMON=off $(PY) benchmarks/modes.py
+
+# Every zoo model (tests/zoo) trained on CPU, neuron eager and neuron adaptive, one process per
+# model, two at a time: a table of eager and adaptive against CPU and adaptive against eager.
+zoo: setup
+	$(PY) tests/zoo/zoo.py
 
 # All of PyTorch's OpInfo float32 samples on neuron vs CPU (about half an hour).
 conformance: setup

@@ -590,6 +590,21 @@ def _inplace_view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 _INPLACE_VIEWS = "t_ transpose_ squeeze_ unsqueeze_ as_strided_ swapdims_ swapaxes_ detach_"
 
 
+def _no_nested_fast_path(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """neuron has no nested tensors. nn.TransformerEncoder asks this before building one for
+    its fast path: "no" sends it down its regular path (outputs at padded positions are not
+    zeroed there, as PyTorch documents for that path)."""
+    runtime.get().metrics.counts["ops_dispatched"] += 1
+    return False
+
+
+def _nested(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    raise NotImplementedError(
+        f"{spec.name}: nested tensors are not supported on the neuron device; use padded "
+        f"tensors with a mask (for nn.TransformerEncoder: enable_nested_tensor=False)"
+    )
+
+
 _SPECIAL: dict[str, Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any]] = {
     "aten::_copy_from.default": _copy_from,
     "aten::_local_scalar_dense.default": _local_scalar_dense,
@@ -600,6 +615,9 @@ _SPECIAL: dict[str, Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any]] = 
     "aten::set_.source_Storage": _metadata,
     "aten::set_.source_Tensor": _metadata,
     "aten::record_stream.default": _no_op,
+    "aten::_nested_tensor_from_mask_left_aligned.default": _no_nested_fast_path,
+    "aten::_nested_tensor_from_mask.default": _nested,
+    "aten::_nested_tensor_from_tensor_list.default": _nested,
 }
 for _name in _INPLACE_VIEWS.split():
     _packet = getattr(torch.ops.aten, _name)

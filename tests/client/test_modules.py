@@ -75,3 +75,21 @@ def test_conversions_that_kept_ties_are_untouched():
     m.double()
     assert [id(p) for p in m.parameters()] == before
     _assert_tied(m)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # (the CPU's run)
+def test_transformer_encoder_in_eval_with_a_padding_mask_declines_nested_tensors():
+    """Its fast path builds nested tensors, which neuron does not have: the encoder takes its
+    regular path, and the positions that are not padding match the CPU."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2).eval()
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        expected = encoder(x, src_key_padding_mask=pad)
+        device = encoder.to("neuron")
+        got = device(x.to("neuron"), src_key_padding_mask=pad.to("neuron")).cpu()
+    torch.testing.assert_close(got[~pad], expected[~pad], rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="nested tensors are not supported"):
+        torch._nested_tensor_from_mask(x.to("neuron"), (~pad).to("neuron"))

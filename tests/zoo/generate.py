@@ -24,26 +24,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from compare import (
-    MODES,
-    RUN_SEED,
+from models import VOCAB, ZOO, Batch
+from neuron_helpers import (
     counter_deltas,
     first_line,
     fresh_runtime,
-    max_abs_diff,
-    move,
     neuron_counters,
     quiet_transformers,
     recover_runtime,
-    same,
-    table,
-    to_device,
     use_in_process_compiles,
     wait_for_fused_compiles,
-    yes_no,
 )
-from models import VOCAB, ZOO, Batch
+from table import table, yes_no
+from tensors import max_abs_diff, same_bits
 from torch import nn
+from training import MODES, RUN_SEED, to_device
 
 CALLS = 3
 FORWARDS = 2
@@ -156,7 +151,7 @@ def run_mode(initial: nn.Module, inputs: Batch, mode: str, show_traceback: bool)
             torch.neuron.set_eager_mode(mode)
             before = neuron_counters()
         torch.manual_seed(RUN_SEED)
-        model = move(copy.deepcopy(initial), device)[0].eval()
+        model = copy.deepcopy(initial).to(device).eval()
         on_device = to_device(inputs, device)
     except Exception as e:  # noqa: BLE001  (reported for every kind of call)
         for kind, _, _ in CALL_KINDS:
@@ -194,7 +189,7 @@ def vs(a: Outputs | None, b: Outputs | None, key: str) -> bool | None:
     """Whether a[key] equals b[key] (None when either is missing)."""
     if a is None or b is None or key not in a or key not in b:
         return None
-    return same(a[key], b[key])
+    return same_bits(a[key], b[key])
 
 
 def logits_diff(a: Outputs | None, b: Outputs | None) -> float | None:
