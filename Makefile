@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := protos simulator compiler scheduler daemon client
 
-.PHONY: setup test test-slow lint protos explain demo bench conformance zoo clean
+.PHONY: setup test test-slow soak lint protos explain demo bench conformance zoo clean
 
 setup: $(STAMP)
 
@@ -25,12 +25,16 @@ lint: setup
 	$(VENV)/bin/mypy -p trnsim.simulator -p trnsim.compiler -p trnsim.scheduler -p trnsim.daemon -p trnsim.client
 
 test: lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not soak"
 
 # The whole OpInfo database (eager and adaptive), the whole model zoo, and thousands of
 # fuzzer programs; the statistics say how many programs ran.
 test-slow: setup
 	$(PY) -m pytest -q -m slow --hypothesis-show-statistics
+
+# The daemon under load: a long wire fuzz and 64 client processes for 30 s (p50/p99 printed).
+soak: setup
+	$(PY) -m pytest -q -s -m soak tests/daemon
 
 protos: setup
 	$(PY) protos/generate.py

@@ -28,6 +28,7 @@ from trnsim.simulator.config import get_target
 
 log = logging.getLogger(__name__)
 RECONNECT_AFTER_S = 5.0
+MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/server.py)
 # How long a blocking compile waits for the daemon's answer before compiling in process:
 # a safety net (every request is answered); the daemon's own compile limit is far longer.
 ANSWER_DEADLINE_S = float(os.environ.get(env.NEURON_COMPILE_DEADLINE, "120"))
@@ -253,7 +254,10 @@ class DaemonCompileClient:
             )
             self._retry_at = float("inf")
             return None
-        self._channel = grpc.insecure_channel(self.address)
+        # Executables of large graphs run to many MB: take what the daemon may send.
+        self._channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
+        )
         outbox: queue.Queue[svc.CompileRequest | None] = queue.Queue()
         responses = svc_grpc.CompileServiceStub(self._channel).Compile(self._requests(outbox))
         threading.Thread(

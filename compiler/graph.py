@@ -229,7 +229,7 @@ class Limits:
     max_elements: int = 1 << 48  # per tensor (beyond any device's memory)
     max_outputs_per_node: int = 16_384  # foreach ops over every parameter of a large model
     max_args_per_node: int = 16_384
-    max_name_length: int = 256
+    max_name_length: int = 256  # op names are data here (never looked up): well formed, short
 
 
 LIMITS = Limits()
@@ -349,8 +349,10 @@ def arg_from_proto(a: graph_pb2.Argument) -> tuple[str, ArgValue]:
     value: ArgValue
     if kind == "tensor":
         value = value_from_proto(a.tensor)
-    elif kind == "none" or kind is None:
+    elif kind == "none":
         value = None
+    elif kind is None:  # (our encoder sets `none`: anything else would hash two ways)
+        raise GraphError(f"argument {a.name!r} has no value")
     elif kind == "list":
         value = tuple(arg_from_proto(item)[1] for item in a.list.items)
     elif kind == "scalar_input":

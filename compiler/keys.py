@@ -79,7 +79,9 @@ def cache_key_from_proto(
     graph: graph_pb2.Graph, target: Target, options: ex.CompileOptions | None = None
 ) -> CacheKey:
     """The same key as cache_key(from_proto(graph)), without building the IR when the graph
-    is already canonical (what clients send): its deterministic bytes are the canonical ones."""
+    is already canonical (what clients send): its deterministic bytes are the canonical ones.
+    Fields this version does not know are not part of a graph: they are dropped first."""
+    graph.DiscardUnknownFields()
     if _inputs_in_first_use_order(graph):
         return _key(graph.SerializeToString(deterministic=True), target, options)
     return cache_key(from_proto(graph), target, options)

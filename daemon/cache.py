@@ -135,42 +135,54 @@ class ExecutableCache:
         self.disk_errors = 0
         # key -> (expires at, CompileError bytes), oldest first, bounded
         self._errors: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the memory tier and the error table
+        self._disk_lock = threading.RLock()  # the disk tier: one operation at a time
         if fresh:
             self._disk(lambda: self.disk.check(fix=True), None)  # files a lost cache.db left
 
     def _open(self) -> diskcache.Cache:
         # Small values live in the database itself (bytes on disk close to bytes counted);
-        # every value, wherever it lives, carries its digest.
+        # every value, wherever it lives, carries its digest. A busy database (another
+        # process: `trnsim cache ...`) is a miss after a second, not a stalled request.
         return diskcache.Cache(
             str(self.directory),
             size_limit=self.disk_bytes,
             eviction_policy="least-recently-used",
             disk=BytesDisk,
             cull_limit=16,
+            timeout=1.0,
         )
 
     def _disk(self, call: Any, default: Any) -> Any:
-        """A disk-tier operation; its failure is logged and counted, and `default` stands in."""
-        try:
-            return call()
-        except _DISK_ERRORS as e:
-            self.disk_errors += 1
-            if self.disk_errors <= 3 or self.disk_errors % 100 == 0:
-                log.warning(
-                    "disk cache %s: %s (%d disk errors so far)", self.directory, e, self.disk_errors
-                )
-            if not (self.directory / "cache.db").exists():
-                self._reopen()
-            return default
+        """A disk-tier operation, one at a time; whatever makes it fail (read-only, full,
+        deleted or garbled database, a bug in diskcache) is logged and counted, `default`
+        stands in, and the tier is reopened when its database is gone or in doubt."""
+        with self._disk_lock:
+            try:
+                return call()
+            except Exception as e:  # noqa: BLE001  (the disk tier is a cache: it may fail)
+                self.disk_errors += 1
+                if self.disk_errors <= 3 or self.disk_errors % 100 == 0:
+                    log.warning(
+                        "disk cache %s: %s: %s (%d disk errors so far)",
+                        self.directory,
+                        type(e).__name__,
+                        e,
+                        self.disk_errors,
+                    )
+                expected = isinstance(e, _DISK_ERRORS)
+                if not expected or not (self.directory / "cache.db").exists():
+                    self._reopen()
+                return default
 
     def _reopen(self) -> None:
-        """cache.db was deleted under us: start a new one (the memory tier is kept)."""
+        """A fresh connection (and database, if cache.db was deleted under us); an open
+        transaction of the old one is rolled back with it. The memory tier is kept."""
         try:
             old, self.disk = self.disk, self._open()
             old.close()
-            log.warning("disk cache %s: cache.db disappeared; started a new one", self.directory)
-        except _DISK_ERRORS as e:
+            log.warning("disk cache %s reopened", self.directory)
+        except Exception as e:  # noqa: BLE001
             log.warning("disk cache %s cannot be reopened: %s", self.directory, e)
 
     # -- executables ----------------------------------------------------------------------------
@@ -223,16 +235,18 @@ class ExecutableCache:
 
     def _disk_get(self, disk_key: str) -> bytes | None:
         """A row's bytes; a row that cannot be read as ours (garbled, pickled) is dropped."""
-        try:
-            value = self.disk.get(disk_key, default=None)
-        except (TypeError, ValueError, UnsafeEntry) as e:
-            log.warning("disk cache: dropping the unreadable entry %s (%s)", disk_key[:24], e)
-            self._disk(lambda: self.disk.delete(disk_key), None)
-            self.corrupt += 1
-            return None
-        except _DISK_ERRORS:
-            return self._disk(lambda: self.disk.get(disk_key, default=None), None)  # type: ignore[no-any-return]
-        return value if isinstance(value, bytes) else None
+
+        def read() -> bytes | None:
+            try:
+                value = self.disk.get(disk_key, default=None)
+            except (TypeError, ValueError) as e:  # (UnsafeEntry among them)
+                log.warning("disk cache: dropping the unreadable entry %s (%s)", disk_key[:24], e)
+                self.disk.delete(disk_key)
+                self.corrupt += 1
+                return None
+            return value if isinstance(value, bytes) else None
+
+        return self._disk(read, None)  # type: ignore[no-any-return]
 
     def _drop(self, key: str) -> None:
         """A corrupt entry: deleted everywhere and counted; the caller recompiles."""

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -96,45 +97,73 @@ class CompileService(svc_grpc.CompileServiceServicer):
             self._streams += 1
             stream = next(self._stream_ids)
         loop = asyncio.get_running_loop()
-        out: asyncio.Queue[svc.CompileResult | None] = asyncio.Queue()
+        # (answer, whether it settles an owed request) | "closed" | "gone"
+        out: asyncio.Queue[tuple[svc.CompileResult, bool] | str] = asyncio.Queue()
+        owed: Counter[int] = Counter()  # answers still owed, by request id (loop only)
 
         def from_thread(result: svc.CompileResult) -> None:
-            loop.call_soon_threadsafe(out.put_nowait, result)
+            loop.call_soon_threadsafe(out.put_nowait, (result, True))
 
         async def read() -> None:
+            ending = "gone"
             try:
                 async for request in request_iterator:
                     self.last_activity = time.monotonic()
-                    if isinstance(request, Undecodable):
-                        self.stats.failure(svc.INVALID_REQUEST)
-                        message = f"not a CompileRequest message: {request.error}"
-                        out.put_nowait(_error_result(0, svc.INVALID_REQUEST, message))
-                        continue
-                    if not self._answer_fast(stream, request, out.put_nowait):
-                        loop.run_in_executor(
-                            self._io, self._handle_safely, stream, request, from_thread
-                        )
+                    self._take(stream, request, owed, out, from_thread)
+                ending = "closed"  # the client half-closed: the answers still go out
             except (grpc.RpcError, asyncio.CancelledError):
                 pass  # the client went away
             except Exception:
                 log.exception("compile stream %d failed", stream)
             finally:
-                self.inflight.withdraw(stream)
-                out.put_nowait(None)
+                out.put_nowait(ending)
 
         reader = asyncio.ensure_future(read())
+        closed = False
         try:
-            while True:
+            while not (closed and not +owed):
                 item = await out.get()
-                if item is None:
+                if item == "gone":
                     return
-                yield item
+                if item == "closed":
+                    closed = True
+                    continue
+                assert isinstance(item, tuple)
+                result, settles = item
+                if settles:
+                    owed[result.id] -= 1
+                yield result
         finally:
             reader.cancel()
             self.inflight.withdraw(stream)
             with self._lock:
                 self._streams -= 1
             self.last_activity = time.monotonic()
+
+    def _take(
+        self,
+        stream: int,
+        request: svc.CompileRequest | Undecodable,
+        owed: Counter[int],
+        out: asyncio.Queue[tuple[svc.CompileResult, bool] | str],
+        from_thread: Any,
+    ) -> None:
+        """One message of a Compile stream: answered at once, or sent the slow way."""
+        if isinstance(request, Undecodable):
+            self.stats.failure(svc.INVALID_REQUEST)
+            message = f"not a CompileRequest message: {request.error}"
+            answer = _error_result(request.request_id, svc.INVALID_REQUEST, message)
+            out.put_nowait((answer, False))
+            return
+        if request.cancel:
+            owed[request.id] -= 1  # (withdrawn: no answer comes)
+        else:
+            owed[request.id] += 1
+        fast = self._answer_fast(stream, request, lambda r: out.put_nowait((r, True)))
+        if not fast:
+            asyncio.get_running_loop().run_in_executor(
+                self._io, self._handle_safely, stream, request, from_thread
+            )
 
     def _answer_fast(self, stream: int, request: svc.CompileRequest, deliver: Any) -> bool:
         """Answers from the memory tier when it can; False sends the request the slow way.

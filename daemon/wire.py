@@ -16,10 +16,12 @@ SERVICE = "trnsim.service.CompileService"
 
 
 class Undecodable:
-    """A Compile stream message that was not a CompileRequest."""
+    """A Compile stream message that was not a CompileRequest; request_id is its id field
+    when the top level of the message still gives it (else 0)."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception, request_id: int) -> None:
         self.error = error
+        self.request_id = request_id
 
 
 async def decoded_stream(
@@ -29,7 +31,42 @@ async def decoded_stream(
         try:
             yield svc.CompileRequest.FromString(data)
         except (DecodeError, RecursionError, ValueError) as e:
-            yield Undecodable(e)
+            yield Undecodable(e, peek_id(data))
+
+
+def peek_id(data: bytes) -> int:
+    """Field 1 (id) of a message read at its top level only, skipping every other field
+    unread: a request nested too deep to decode still gets its answer under its own id."""
+    pos = 0
+    try:
+        while pos < len(data):
+            key, pos = _varint(data, pos)
+            field, kind = key >> 3, key & 7
+            if kind == 0:
+                value, pos = _varint(data, pos)
+                if field == 1:
+                    return value
+            elif kind == 2:
+                size, pos = _varint(data, pos)
+                pos += size
+            elif kind in (1, 5):
+                pos += 8 if kind == 1 else 4
+            else:
+                return 0
+    except IndexError:
+        pass
+    return 0
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80 or shift > 63:
+            return value, pos
+        shift += 7
 
 
 def _unary(

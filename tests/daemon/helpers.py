@@ -35,8 +35,13 @@ class DaemonProcess:
 
 
 def start_daemon(
-    root: Path, *args: str, cache_dir: Path | None = None, env: dict[str, str] | None = None
+    root: Path,
+    *args: str,
+    cache_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    user: tuple[int, int] | None = None,
 ) -> DaemonProcess:
+    """A daemon on root/run/c.sock (run as `user`, (uid, gid), when given)."""
     sock_dir = root / "run"
     address = f"unix:{sock_dir / 'c.sock'}"
     cache = cache_dir or root / "cache"
@@ -53,7 +58,14 @@ def start_daemon(
         *args,
     ]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=out, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=out,
+            env={**os.environ, **(env or {})},
+            user=user[0] if user else None,
+            group=user[1] if user else None,
+        )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if launcher.get_info(address, timeout=0.5) is not None:
