@@ -105,6 +105,26 @@ class RecOp:
         return _shift_scalars(remap_node(self.entry.node, wiring), self.scalar_offset)
 
 
+class _Snapshot:
+    """A copy of the memory a graph's inputs live in (each storage once, whole: inputs may
+    overlap, or be expanded views no copy_ can write) and of the generator's state."""
+
+    def __init__(self, inputs: list[Tensor], generator: torch.Generator) -> None:
+        self.generator, self.state = generator, generator.get_state()
+        storages = {h.untyped_storage().data_ptr(): h.untyped_storage() for h in inputs}
+        self.saved = [(_bytes(s), _bytes(s).clone()) for s in storages.values()]
+
+    def restore(self) -> None:
+        for memory, copy in self.saved:
+            memory.copy_(copy)
+        self.generator.set_state(self.state)
+
+
+def _bytes(storage: Any) -> Tensor:
+    """A storage's whole memory as a flat uint8 tensor (no copy)."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
 @dataclass
 class GraphState:
     """What the runtime knows of one graph signature."""
@@ -117,9 +137,10 @@ class GraphState:
 
 
 def _where(t: Tensor) -> tuple[Any, ...]:
-    """What a tensor points at: `t.data = u` changes it without any op reaching us (to
-    other memory, or to the same memory seen otherwise: p.data = p.t())."""
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+    """What a tensor points at, and for a CPU tensor what it holds: `t.data = u` changes
+    the first without any op reaching us (to other memory, or to the same memory seen
+    otherwise: p.data = p.t()), and the host writes CPU tensors (a scalar, indices) freely."""
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t._version if t.is_cpu else 0)
 
 
 @dataclass(slots=True)
@@ -146,6 +167,7 @@ class Recorder:
         self.values: dict[int, _Known] = {}  # id(tensor) -> what it holds in the graph
         self.inputs: list[Tensor] = []
         self.input_hosts: list[Tensor] = []
+        self.input_types: list[tuple[Any, ...]] = []  # _where of each input when wired
         self.input_index: dict[int, tuple[int, tuple[Any, ...]]] = {}  # id -> (index, _where)
         self.storages: set[int] = set()  # data pointers of the storages made in this buffer
         # (storage, sizes, strides, offset, dtype, conj, neg) -> the value a tensor of that
@@ -221,9 +243,11 @@ class Recorder:
             k = len(self.inputs)
             self.input_index[id(t)] = (k, where)
             self.inputs.append(t)  # held: its id and memory stay its own until the flush
+            self.input_types.append(where)
             # Its memory as it is now: `p.data = ...` (Module.to/half) may swap the tensor's
-            # storage before the buffer runs, and recorded ops must read what they saw.
-            self.input_hosts.append(t if t.is_cpu else self.rt.host_alias(t))
+            # storage before the buffer runs, and recorded ops must read what they saw. A
+            # CPU tensor is copied: the op reads it as it is now, as on a device.
+            self.input_hosts.append(t.clone() if t.is_cpu else self.rt.host_alias(t))
             return Value(None, k)
         return Value(None, index[0])
 
@@ -331,8 +355,8 @@ class Recorder:
     def flush(self, reason: str) -> None:
         if not self.ops:
             return
-        ops, inputs, parts, stream = self.ops, self.inputs, self.parts, self.stream
-        input_hosts = self.input_hosts
+        ops, parts, stream = self.ops, self.parts, self.stream
+        input_hosts, input_types = self.input_hosts, self.input_types
         self._reset()
         observable = _observable(ops)
         counts = self.rt.metrics.counts
@@ -350,7 +374,7 @@ class Recorder:
                 self._run_fused(state, ops, input_hosts, observable)
             else:
                 self._run_op_by_op(ops, input_hosts, observable)
-                self._maybe_request(state, ops, inputs, observable)
+                self._maybe_request(state, ops, input_types, observable)
         finally:
             self.rt.stream = current
         self._account(ops, observable)
@@ -394,16 +418,17 @@ class Recorder:
         input_hosts: list[Tensor],
         observable: list[bool],
     ) -> None:
-        """One launch of the graph's fused executable. Its first run keeps a copy of the
-        inputs: if it fails, they are put back and the graph runs op by op from then on (the
-        fused path is at fault; op by op names the user's op if the fault is theirs)."""
+        """One launch of the graph's fused executable. Its first run keeps a copy of what it
+        may change (the inputs' memory, the generator): if it fails, that is put back and the
+        ops run one by one. If they succeed, the fused path was at fault, and the graph runs
+        op by op from then on; if they fail too, the fault was the user's, named by op."""
         rt = self.rt
         loaded = state.loaded
         assert loaded is not None
         scalars = [s for op in ops for s in op.scalars]
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
         seen_hosts = [h for h, seen in zip(hosts, observable, strict=True) if seen]
-        saved = None if state.verified else [h.clone() for h in input_hosts]
+        saved = None if state.verified else _Snapshot(input_hosts, rt.generator)
         try:
             results = loaded.run(input_hosts, scalars, rt.generator, seen_hosts)
             if len(results) != len(seen_hosts):
@@ -412,10 +437,9 @@ class Recorder:
             if saved is None:
                 cause = e.cause if isinstance(e, ExecutionError) else e
                 raise _located(_op_named(ops, getattr(e, "op", "")), cause, ops) from cause
-            for h, copy in zip(input_hosts, saved, strict=True):
-                h.copy_(copy)
-            self._fall_back(state, e)
+            saved.restore()
             self._run_op_by_op(ops, input_hosts, observable)
+            self._fall_back(state, e)
             return
         state.verified = True
         for h, result in zip(seen_hosts, results, strict=True):
@@ -458,7 +482,11 @@ class Recorder:
 
     # -- fused compiles -------------------------------------------------------------------------
     def _maybe_request(
-        self, state: GraphState, ops: list[RecOp], inputs: list[Tensor], observable: list[bool]
+        self,
+        state: GraphState,
+        ops: list[RecOp],
+        input_types: list[tuple[Any, ...]],
+        observable: list[bool],
     ) -> None:
         rt = self.rt
         n = sum(1 for op in ops if op.entry is not None)
@@ -477,7 +505,7 @@ class Recorder:
             return
         state.history.requested = True
         rt.metrics.counts["fused_compiles_requested"] += 1
-        graph, debug = _graph(ops, inputs, observable)
+        graph, debug = _graph(ops, input_types, observable)
         state.future = rt.compiler.compile_async(to_proto(graph), rt.target.name, rt.options, debug)
 
     def _collect(self, state: GraphState) -> None:
@@ -528,11 +556,15 @@ def _settle(host: Tensor, result: Tensor, seen: bool) -> Tensor:
     return host.copy_(result)
 
 
-def _graph(
-    ops: list[RecOp], inputs: list[Tensor], observable: list[bool]
-) -> tuple[Graph, graph_pb2.GraphDebug]:
-    from trnsim.client.dispatch import tensor_type  # (dispatch imports this module)
+def _input_type(where: tuple[Any, ...]) -> TensorType:
+    """A graph input's type as the tensor was when first read (it may have changed since)."""
+    _, shape, stride, dtype, _ = where
+    return TensorType(tuple(shape), tuple(stride), dtypes.from_name(str(dtype)), 0)
 
+
+def _graph(
+    ops: list[RecOp], input_types: list[tuple[Any, ...]], observable: list[bool]
+) -> tuple[Graph, graph_pb2.GraphDebug]:
     made = [
         Value(i, j)
         for i, op in enumerate(ops)
@@ -541,7 +573,7 @@ def _graph(
     ]
     outputs = tuple(v for v, seen in zip(made, observable, strict=True) if seen)
     graph = Graph(
-        tuple(tensor_type(t) for t in inputs),
+        tuple(_input_type(where) for where in input_types),
         tuple(op.node() for op in ops),
         outputs,
         num_scalar_inputs=sum(len(op.scalars) for op in ops),

@@ -431,3 +431,66 @@ def test_a_data_swap_to_the_same_memory_seen_otherwise_is_noticed():
         return [before, p * 2]
 
     assert_modes_agree(program)
+
+
+def test_cpu_scalars_and_indices_are_read_as_they_were_when_the_op_was_issued():
+    """A CPU scalar or index tensor the host changes after a recorded op used it: the op
+    reads it as it was (as on a device), not as it is when the graph runs."""
+    x = torch.ones(4).to("neuron")
+
+    def program():
+        s = torch.tensor(2.0)
+        y = x * s
+        s.add_(1)
+        idx = torch.tensor([0, 1])
+        z = x.cumsum(0)[idx]
+        idx[0] = 3
+        return [y, z, x * s]
+
+    assert_modes_agree(program)
+
+
+def _broken_fused_exp(monkeypatch) -> None:
+    from trnsim.simulator import execute
+
+    real = execute._Step.run
+
+    def broken(self, *args, **kwargs):
+        if self.name == "aten::exp.default":
+            raise RuntimeError("injected: the fused exp is broken")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(execute._Step, "run", broken)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_fallback_restores_the_generator_and_expanded_inputs(monkeypatch):
+    """The failed fused run drew random numbers and read an expanded view: the rerun op by
+    op draws the same numbers, and putting the inputs back does not trip on the view."""
+    _broken_fused_exp(monkeypatch)
+    w = torch.randn(3).to("neuron")
+
+    def program():
+        e = w.expand(4, 3)
+        noise = torch.empty(4, 3, device="neuron").uniform_()
+        return ((e * 2).exp() * 3 + noise).sum()
+
+    counts = assert_modes_agree(program, repeats=5)
+    assert counts["fused_fallbacks"] == 1
+
+
+def test_graph_inputs_are_typed_as_the_tensors_were_when_read(adaptive):
+    """`p.data = ...` to another shape after p was read: the fused graph declares p's input
+    as the op saw it."""
+    from tests.client.differential import wait_for_fused_compiles
+
+    for _ in range(4):
+        q = torch.ones(2, 3, device="neuron")
+        y = (q * 2 + 1).sum()
+        q.data = torch.zeros(5, device="neuron")
+        z = q.zero_().sum()
+        assert (y.item(), z.item()) == (18.0, 0.0)
+        wait_for_fused_compiles(adaptive)
+    graphs = [s for s in adaptive.recorder.graphs.values() if s.loaded is not None]
+    inputs = [[tuple(t.shape) for t in s.loaded.executable.graph.inputs] for s in graphs]
+    assert any((2, 3) in shapes and (5,) in shapes for shapes in inputs), inputs
