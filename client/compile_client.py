@@ -29,9 +29,11 @@ from trnsim.simulator.config import get_target
 log = logging.getLogger(__name__)
 RECONNECT_AFTER_S = 5.0
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/server.py)
-# How long a blocking compile waits for the daemon's answer before compiling in process:
-# a safety net (every request is answered); the daemon's own compile limit is far longer.
-ANSWER_DEADLINE_S = float(os.environ.get(env.NEURON_COMPILE_DEADLINE, "120"))
+# How long a blocking compile waits for the daemon's answer before compiling in process: a
+# safety net against a mute daemon (every request is answered). Past the daemon's own compile
+# limit (600 s, daemon/config.py) with a margin, so a slow graph gets the daemon's TIMEOUT
+# rather than a second compile here.
+ANSWER_DEADLINE_S = float(os.environ.get(env.NEURON_COMPILE_DEADLINE, "660"))
 # Errors that mean "the daemon could not do it", not "this graph cannot be compiled". A
 # TIMEOUT is not among them: the graph ran over the daemon's limit, and compiling it here
 # would hold this process as long.
@@ -153,22 +155,11 @@ class DaemonCompileClient:
             self.cancel(request.id)
             why = f"the compile daemon did not answer within {ANSWER_DEADLINE_S:.0f} s"
             return self._compile_here(graph, target, options, debug, why)
-        outcome = result.WhichOneof("outcome")
-        if outcome == "error":
-            if result.error.error_class in _COMPILE_HERE:
-                return self._compile_here(graph, target, options, debug, result.error.message)
-            if result.error.error_class == svc.OUT_OF_DEVICE_MEMORY:
-                raise compiler.GraphTooLargeError(result.error.message)
-            raise compiler.CompileError(result.error.message)
-        exe = self.executable(result, expected_key(graph, target, options))
-        if exe is None:
-            return self._compile_here(
-                graph, target, options, debug, "the daemon sent a damaged or wrong executable"
-            )
+        exe = self._answer(result, expected_key(graph, target, options))
+        if isinstance(exe, str):
+            return self._compile_here(graph, target, options, debug, exe)
         if debug is not None and options.emit_debug_info:
             exe.debug.graph.CopyFrom(debug)  # ours: the daemon never shares one client's
-        tier = svc.CacheTier.Name(result.tier)
-        self.tiers[tier] = self.tiers.get(tier, 0) + 1
         return exe
 
     shared = True
@@ -183,28 +174,50 @@ class DaemonCompileClient:
         """At BACKGROUND priority: the daemon runs it after every blocking compile. If the
         daemon cannot be reached, it compiles here in the background instead."""
         out: Future[executable_pb2.Executable] = Future()
-        key = expected_key(graph, target, options)
+        try:
+            key = expected_key(graph, target, options)
+        except Exception as e:  # noqa: BLE001  (a malformed graph: its error, as in process)
+            out.set_exception(e)
+            return out
+
+        def here(why: str) -> None:
+            self.fallbacks += 1
+            self._warn(f"compiling in process: {why}")
+            local = self.local.compile_async(graph, target, options, debug)
+            local.add_done_callback(lambda g: _pass_on(g, out))
 
         def answered(f: Future[svc.CompileResult]) -> None:
             try:
-                result = f.result()
-            except DaemonUnavailable:
-                local = self.local.compile_async(graph, target, options, debug)
-                local.add_done_callback(lambda g: _pass_on(g, out))
-                return
-            except Exception as e:  # noqa: BLE001  (cancelled: passed on as the failure)
+                exe = self._answer(f.result(), key)
+            except DaemonUnavailable as e:
+                here(str(e))
+            except Exception as e:  # noqa: BLE001  (cancelled, or the graph's error)
                 out.set_exception(e)
-                return
-            exe = self.executable(result, key)
-            if exe is None:
-                message = result.error.message or "a damaged or wrong executable"
-                out.set_exception(compiler.CompileError(message))
             else:
-                out.set_result(exe)
+                if isinstance(exe, str):
+                    here(exe)
+                else:
+                    out.set_result(exe)
 
         request = compile_request(graph, target, options, debug, background=True)
         self.submit(request).add_done_callback(answered)
         return out
+
+    def _answer(self, result: svc.CompileResult, key: str) -> executable_pb2.Executable | str:
+        """The executable an answer carries; or why to compile here instead (the daemon could
+        not do it, or sent a damaged or wrong executable); or the graph's own error, raised."""
+        if result.WhichOneof("outcome") == "error":
+            if result.error.error_class in _COMPILE_HERE:
+                return result.error.message or svc.ErrorClass.Name(result.error.error_class)
+            if result.error.error_class == svc.OUT_OF_DEVICE_MEMORY:
+                raise compiler.GraphTooLargeError(result.error.message)
+            raise compiler.CompileError(result.error.message)
+        exe = self.executable(result, key)
+        if exe is None:
+            return "the daemon sent a damaged or wrong executable"
+        tier = svc.CacheTier.Name(result.tier)
+        self.tiers[tier] = self.tiers.get(tier, 0) + 1
+        return exe
 
     def cancel(self, request_id: int) -> None:
         """Withdraws a request: the daemon drops its part in the job (and the job, if no one
@@ -244,6 +257,10 @@ class DaemonCompileClient:
         except ConfigError as e:  # (squatted or unsafe socket directory): never the op's error
             self._warn(f"compiling in process: {e}")
             self._retry_at = float("inf")
+            return None
+        except Exception as e:  # noqa: BLE001  (a daemon that would not start, a broken
+            # socket...: compiling here is always possible; no op fails for the daemon)
+            self._warn(f"compiling in process: the compile daemon is unavailable: {e}")
             return None
         if info is None:
             return None

@@ -5,6 +5,7 @@ are protobuf bytes, never pickles (BytesDisk refuses anything else)."""
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -129,7 +130,8 @@ class ExecutableCache:
         self.disk_bytes = disk_bytes
         self.memory = MemoryLRU(memory_bytes)
         fresh = not (directory / "cache.db").exists()
-        self.disk = self._open()
+        self.disk, replaced = self._open_intact()
+        fresh = fresh or replaced
         self.disk_counters = TierCounters()
         self.corrupt = 0
         self.disk_errors = 0
@@ -153,6 +155,28 @@ class ExecutableCache:
             timeout=1.0,
         )
 
+    def _open_intact(self) -> tuple[diskcache.Cache, bool]:
+        """The disk tier, and whether a damaged cache.db had to be replaced: one that is not
+        a database (garbled, truncated, overwritten) is moved aside, kept for a post-mortem,
+        and an empty one takes its place. A cache loses entries, never the daemon."""
+        try:
+            return self._open(), False
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError):
+                raise  # (locked, read-only, no such directory: not the file's damage)
+            self._move_aside(e)
+            return self._open(), True
+
+    def _move_aside(self, error: Exception) -> None:
+        db = self.directory / "cache.db"
+        aside = db.with_name(f"cache.db.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        os.replace(db, aside)
+        for suffix in ("-wal", "-shm"):  # (its journal belongs to it)
+            journal = db.with_name(db.name + suffix)
+            if journal.exists():
+                os.replace(journal, aside.with_name(aside.name + suffix))
+        log.warning("disk cache %s: cache.db is damaged (%s), moved to %s", db.parent, error, aside)
+
     def _disk(self, call: Any, default: Any) -> Any:
         """A disk-tier operation, one at a time; whatever makes it fail (read-only, full,
         deleted or garbled database, a bug in diskcache) is logged and counted, `default`
@@ -171,7 +195,10 @@ class ExecutableCache:
                         self.disk_errors,
                     )
                 expected = isinstance(e, _DISK_ERRORS)
-                if not expected or not (self.directory / "cache.db").exists():
+                damaged = isinstance(e, sqlite3.DatabaseError) and not isinstance(
+                    e, sqlite3.OperationalError
+                )
+                if not expected or damaged or not (self.directory / "cache.db").exists():
                     self._reopen()
                 return default
 
@@ -179,7 +206,7 @@ class ExecutableCache:
         """A fresh connection (and database, if cache.db was deleted under us); an open
         transaction of the old one is rolled back with it. The memory tier is kept."""
         try:
-            old, self.disk = self.disk, self._open()
+            old, self.disk = self.disk, self._open_intact()[0]
             old.close()
             log.warning("disk cache %s reopened", self.directory)
         except Exception as e:  # noqa: BLE001

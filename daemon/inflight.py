@@ -2,7 +2,9 @@
 
 A request for a key already queued or compiling joins that job (its waiter count grows);
 the queue hands workers the most urgent job (scheduler/priorities.py); a queued job whose
-waiters all left is dropped without compiling.
+waiters all left is dropped without compiling. Waiters come only from open streams: a
+request still on its way through the I/O threads when its stream closes, or when it is
+cancelled, never starts a compile nobody waits for.
 """
 
 from __future__ import annotations
@@ -59,10 +61,37 @@ class InFlight:
         self.closed = False
         self.joins = 0
         self.dropped = 0
+        self.refused = 0  # waiters of closed streams or cancelled requests, never queued
+        # open stream -> ids of its requests cancelled before they could be queued
+        self._streams: dict[int, set[int]] = {}
+
+    def open_stream(self, stream: int) -> None:
+        with self._cond:
+            self._streams[stream] = set()
+
+    def close_stream(self, stream: int) -> None:
+        """The stream ended: its waiters leave their jobs, and its requests still on their
+        way are refused."""
+        with self._cond:
+            self._streams.pop(stream, None)
+        self.withdraw(stream)
+
+    def expect(self, stream: int, request_id: int) -> None:
+        """A request is on its way (in the order the stream sent it): a cancel sent earlier
+        for the same id no longer applies to it."""
+        with self._cond:
+            cancelled = self._streams.get(stream)
+            if cancelled is not None:
+                cancelled.discard(request_id)
 
     def submit(self, key: str, request: svc.CompileRequest, waiter: Waiter) -> bool:
-        """Adds a waiter for key; returns True when it joined a job already in flight."""
+        """Adds a waiter for key; returns True when it joined a job already in flight. The
+        waiter of a closed stream or of a cancelled request is dropped (no answer is owed)."""
         with self._cond:
+            cancelled = self._streams.get(waiter.stream)
+            if cancelled is None or waiter.request_id in cancelled:
+                self.refused += 1
+                return False
             job = self._jobs.get(key)
             if job is not None:
                 waiter.joined = True
@@ -77,6 +106,9 @@ class InFlight:
     def withdraw(self, stream: int, request_id: int | None = None) -> None:
         """A stream closed (or cancelled one request): its waiters leave their jobs."""
         with self._cond:
+            cancelled = self._streams.get(stream)
+            if request_id is not None and cancelled is not None:
+                cancelled.add(request_id)  # (in case it is still on its way)
             for key, job in list(self._jobs.items()):
                 job.waiters = [
                     w

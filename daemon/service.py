@@ -96,6 +96,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 )
             self._streams += 1
             stream = next(self._stream_ids)
+        self.inflight.open_stream(stream)
         loop = asyncio.get_running_loop()
         # (answer, whether it settles an owed request) | "closed" | "gone"
         out: asyncio.Queue[tuple[svc.CompileResult, bool] | str] = asyncio.Queue()
@@ -130,12 +131,12 @@ class CompileService(svc_grpc.CompileServiceServicer):
                     continue
                 assert isinstance(item, tuple)
                 result, settles = item
-                if settles:
+                if settles and owed[result.id] > 0:
                     owed[result.id] -= 1
                 yield result
         finally:
             reader.cancel()
-            self.inflight.withdraw(stream)
+            self.inflight.close_stream(stream)
             with self._lock:
                 self._streams -= 1
             self.last_activity = time.monotonic()
@@ -156,11 +157,12 @@ class CompileService(svc_grpc.CompileServiceServicer):
             out.put_nowait((answer, False))
             return
         if request.cancel:
-            owed[request.id] -= 1  # (withdrawn: no answer comes)
+            owed.pop(request.id, None)  # (withdrawn: no answer is owed, whatever still comes)
         else:
             owed[request.id] += 1
         fast = self._answer_fast(stream, request, lambda r: out.put_nowait((r, True)))
         if not fast:
+            self.inflight.expect(stream, request.id)
             asyncio.get_running_loop().run_in_executor(
                 self._io, self._handle_safely, stream, request, from_thread
             )

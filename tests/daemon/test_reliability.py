@@ -27,7 +27,7 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
 
-from .helpers import cache_rows, request, set_row, start_daemon
+from .helpers import cache_rows, graph, request, set_row, start_daemon
 
 pytestmark = pytest.mark.timeout(300)
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
@@ -122,6 +122,29 @@ def test_cache_db_deleted_while_serving(daemon):
     assert all(_ok(r) for r in _answers(daemon.address, *mixed)), "all 16 answered"
     _until(lambda: (daemon.cache_dir / "executables" / "cache.db").exists(), "a new cache.db")
     assert daemon.proc.poll() is None
+
+
+def test_a_damaged_cache_db_is_moved_aside_and_the_daemon_starts_empty(short_tmp):
+    """cache.db garbled on disk (not a database at all): the daemon moves it aside (kept for
+    a post-mortem, named in its log), starts on an empty one, and that one works: its
+    entries are served from disk after a restart."""
+    executables = short_tmp / "cache" / "executables"
+    executables.mkdir(parents=True, mode=0o700)
+    (executables / "cache.db").write_bytes(b"not a database, " * 512)
+    d = start_daemon(short_tmp, "--workers", "1")
+    try:
+        assert all(_ok(r) for r in _answers(d.address, request(1), request(2)))
+        aside = sorted(executables.glob("cache.db.damaged-*"))
+        assert len(aside) == 1 and aside[0].read_bytes().startswith(b"not a database")
+        assert "damaged" in d.log.read_text()
+    finally:
+        d.stop()
+    d = start_daemon(short_tmp, "--workers", "1")
+    try:
+        again = _answers(d.address, request(1), request(2))
+        assert [r.tier for r in again] == [svc.DISK, svc.DISK], again
+    finally:
+        d.stop()
 
 
 def test_swapped_entries_are_never_served(short_tmp):
@@ -368,6 +391,39 @@ def test_a_huge_graph_is_hashed_off_the_event_loop(short_tmp, monkeypatch):
         service.close()
 
 
+def test_requests_of_a_closed_stream_or_cancelled_on_their_way_start_no_compile(short_tmp):
+    """A request still going through the I/O threads (hashing a large graph, reading the
+    disk) when its stream ends, or when the client cancels it, is never queued: no compile
+    runs for nobody. A later request reusing a cancelled id is served."""
+    from trnsim.daemon import service as service_module
+    from trnsim.daemon.config import DaemonConfig
+
+    service = service_module.CompileService(DaemonConfig(cache_dir=short_tmp / "c", workers=1))
+    answers: list[svc.CompileResult] = []
+    try:
+        service.inflight.open_stream(1)
+        service.inflight.close_stream(1)  # (the client went away meanwhile)
+        orphan = request(81)
+        orphan.id = 1
+        service._handle(1, orphan, answers.append)
+        service.inflight.open_stream(2)
+        cancelled = request(82)
+        cancelled.id = 7
+        service.inflight.expect(2, 7)
+        service.inflight.withdraw(2, 7)  # the cancel overtakes it on the event loop
+        service._handle(2, cancelled, answers.append)
+        assert service.inflight.counts() == (0, 0, 0) and service.inflight.refused == 2
+        again = request(83)
+        again.id = 7
+        service.inflight.expect(2, 7)  # the id sent again, after its cancel: a new request
+        service._handle(2, again, answers.append)
+        _until(lambda: len(answers) == 1, "the reused id answered")
+        assert [a.id for a in answers] == [7] and _ok(answers[0])
+        assert service.stats.compiles == 1, "only the live request was compiled"
+    finally:
+        service.close()
+
+
 def test_undecodable_messages_get_the_right_status(daemon):
     with grpc.insecure_channel(daemon.address) as ch:
         lookup = ch.unary_unary("/trnsim.service.CompileService/Lookup")
@@ -456,3 +512,53 @@ def test_the_socket_is_private(daemon):
         assert launcher.peer_uid(path) == os.getuid()
     finally:
         probe.close()
+
+
+def test_a_daemon_that_cannot_be_started_leaves_compiles_in_process(short_tmp):
+    """The lock file next to the socket cannot be opened (a directory squats its name): the
+    auto-start fails with an OSError, which is the daemon's trouble, never the op's."""
+    run = short_tmp / "run"
+    run.mkdir(mode=0o700)
+    (run / "compiler.lock").mkdir()
+    client = DaemonCompileClient(f"unix:{run / 'c.sock'}", auto_start=True)
+    try:
+        with pytest.warns(RuntimeWarning, match="compiling in process.*unavailable"):
+            exe = client.compile(request(61).graph, "trn2", executable_pb2.CompileOptions(), None)
+        assert exe.cache_key and client.local.compiles == 1
+        future = client.compile_async(
+            request(62).graph, "trn2", executable_pb2.CompileOptions(), None
+        )
+        assert future.result(timeout=60).cache_key and client.local.compiles == 2
+    finally:
+        client.close()
+
+
+def test_a_background_compile_the_daemon_cannot_do_is_done_here(daemon, monkeypatch):
+    """Adaptive mode's background compiles fall back like blocking ones: an answer the daemon
+    gives for its own trouble (here VERSION_MISMATCH) means compiling here, in the
+    background; the graph's own error is passed on as it is."""
+    import trnsim.client.compile_client as cc
+
+    client = DaemonCompileClient(daemon.address, auto_start=False)
+    made = cc.compile_request
+
+    def from_another_version(*args, **kwargs):  # type: ignore[no-untyped-def]
+        r = made(*args, **kwargs)
+        r.compiler_version = "0.0-another"
+        return r
+
+    try:
+        options = executable_pb2.CompileOptions()
+        assert client.compile_async(request(71).graph, "trn2", options, None).result(60)
+        assert client.local.compiles == 0 and client.tiers == {"COMPILED": 1}
+        monkeypatch.setattr(cc, "compile_request", from_another_version)
+        with pytest.warns(RuntimeWarning, match="compiling in process"):
+            exe = client.compile_async(request(72).graph, "trn2", options, None).result(60)
+        assert exe.cache_key and client.local.compiles == 1 and client.fallbacks == 1
+        monkeypatch.setattr(cc, "compile_request", made)
+        huge = to_proto(graph(73, size=200_000))  # 160 GB per matrix: more than HBM holds
+        with pytest.raises(compiler.GraphTooLargeError):
+            client.compile_async(huge, "trn2", options, None).result(60)
+        assert client.local.compiles == 1
+    finally:
+        client.close()
