@@ -374,10 +374,8 @@ def test_embedding_bag_matches_eager():
     assert_modes_agree(program)
 
 
-def test_a_fused_graph_that_fails_falls_back_to_op_by_op(adaptive, monkeypatch, caplog):
-    """A fault of the fused path (injected: exp fails inside fused executables only) costs
-    the graph its fusion, not the user's step: inputs the failed run wrote are put back, the
-    graph runs op by op from then on, counted and logged once."""
+def _broken_fused_exp(monkeypatch) -> None:
+    """exp fails inside fused executables only (a fault of the fused path, injected)."""
     from trnsim.simulator import execute
 
     real = execute._Step.run
@@ -388,6 +386,13 @@ def test_a_fused_graph_that_fails_falls_back_to_op_by_op(adaptive, monkeypatch, 
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(execute._Step, "run", broken)
+
+
+def test_a_fused_graph_that_fails_falls_back_to_op_by_op(adaptive, monkeypatch, caplog):
+    """A fault of the fused path (injected: exp fails inside fused executables only) costs
+    the graph its fusion, not the user's step: inputs the failed run wrote are put back, the
+    graph runs op by op from then on, counted and logged once."""
+    _broken_fused_exp(monkeypatch)
     x = torch.zeros(4, device="neuron")
     results = []
     for _ in range(6):
@@ -448,19 +453,6 @@ def test_cpu_scalars_and_indices_are_read_as_they_were_when_the_op_was_issued():
         return [y, z, x * s]
 
     assert_modes_agree(program)
-
-
-def _broken_fused_exp(monkeypatch) -> None:
-    from trnsim.simulator import execute
-
-    real = execute._Step.run
-
-    def broken(self, *args, **kwargs):
-        if self.name == "aten::exp.default":
-            raise RuntimeError("injected: the fused exp is broken")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(execute._Step, "run", broken)
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -11,10 +11,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from trnsim import compiler
+from trnsim.client.compile_client import DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.daemon import launcher
 from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
 
 
@@ -75,6 +78,22 @@ def start_daemon(
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"daemon did not answer: {log.read_text()}")
+
+
+def answers(address: str, *requests: svc.CompileRequest) -> list[svc.CompileResult]:
+    """One answer per request, over one client stream (the test's deadline catches a
+    missing one)."""
+    client = DaemonCompileClient(address, auto_start=False)
+    try:
+        futures = [client.submit(r) for r in requests]
+        return [f.result(timeout=120) for f in futures]
+    finally:
+        client.close()
+
+
+def daemon_stats(address: str) -> svc.StatsResponse:
+    with grpc.insecure_channel(address) as ch:
+        return svc_grpc.CompileServiceStub(ch).Stats(svc.StatsRequest(), timeout=30)
 
 
 def graph(i: int, size: int = 64):

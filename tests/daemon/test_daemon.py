@@ -22,23 +22,9 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
 
-from .helpers import cache_rows, graph, request, set_row, start_daemon
+from .helpers import answers, cache_rows, daemon_stats, graph, request, set_row, start_daemon
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _stats(address: str) -> svc.StatsResponse:
-    with grpc.insecure_channel(address) as ch:
-        return svc_grpc.CompileServiceStub(ch).Stats(svc.StatsRequest(), timeout=10)
-
-
-def _compile(address: str, *requests: svc.CompileRequest) -> list[svc.CompileResult]:
-    client = DaemonCompileClient(address, auto_start=False)
-    try:
-        futures = [client.submit(r) for r in requests]
-        return [f.result(timeout=120) for f in futures]
-    finally:
-        client.close()
 
 
 def test_eight_processes_same_twenty_graphs_compile_once(daemon):
@@ -64,7 +50,7 @@ def test_eight_processes_same_twenty_graphs_compile_once(daemon):
         import hashlib
 
         assert digests[0][str(i)] == hashlib.sha256(local.SerializeToString()).hexdigest()
-    stats = _stats(daemon.address)
+    stats = daemon_stats(daemon.address)
     assert stats.compiles == 20, stats
     assert stats.requests == 160
     assert stats.joins + stats.memory.hits + stats.disk.hits == 140
@@ -96,39 +82,39 @@ def test_kill_9_while_four_clients_train(daemon):
 
 def test_a_crashing_worker_fails_only_its_request(daemon):
     crash, fine = request(1, debug_crash_worker=True), request(2)
-    results = _compile(daemon.address, crash, fine)
+    results = answers(daemon.address, crash, fine)
     assert results[0].WhichOneof("outcome") == "error"
     assert (
         results[0].error.error_class == svc.TRANSIENT and "died twice" in results[0].error.message
     )
     assert results[1].WhichOneof("outcome") == "executable"
-    after = _compile(daemon.address, request(3), request(4))
+    after = answers(daemon.address, request(3), request(4))
     assert all(r.WhichOneof("outcome") == "executable" for r in after)
-    stats = _stats(daemon.address)
+    stats = daemon_stats(daemon.address)
     assert stats.worker_restarts == 2, "the crashing request was retried once"
     assert stats.failures["TRANSIENT"] == 1
     # Transient failures are not cached: the same request is compiled (and crashes) again.
-    again = _compile(daemon.address, crash)
+    again = answers(daemon.address, crash)
     assert again[0].error.error_class == svc.TRANSIENT
-    assert _stats(daemon.address).worker_restarts == 4
+    assert daemon_stats(daemon.address).worker_restarts == 4
 
 
 def test_deterministic_errors_are_cached(daemon):
     """A graph the target cannot hold is its own class of deterministic error (the client
     turns it into torch.OutOfMemoryError), cached like the others."""
     bad = request(5, hbm_budget_bytes=1024)
-    first = _compile(daemon.address, bad)[0]
+    first = answers(daemon.address, bad)[0]
     assert first.error.error_class == svc.OUT_OF_DEVICE_MEMORY and "budget" in first.error.message
-    compiles = _stats(daemon.address).compiles
-    second = _compile(daemon.address, bad)[0]
+    compiles = daemon_stats(daemon.address).compiles
+    second = answers(daemon.address, bad)[0]
     assert second.error.error_class == svc.OUT_OF_DEVICE_MEMORY
-    assert _stats(daemon.address).compiles == compiles, "answered from the error cache"
+    assert daemon_stats(daemon.address).compiles == compiles, "answered from the error cache"
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_disk_entries_are_detected_and_recompiled(short_tmp, damage):
     d = start_daemon(short_tmp, "--workers", "1")
-    assert _compile(d.address, request(7))[0].tier == svc.COMPILED
+    assert answers(d.address, request(7))[0].tier == svc.COMPILED
     d.stop()
     rows = cache_rows(d.cache_dir)
     assert len(rows) == 1
@@ -141,24 +127,24 @@ def test_corrupt_disk_entries_are_detected_and_recompiled(short_tmp, damage):
     set_row(d.cache_dir, rowid, value=damaged)
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
     try:
-        result = _compile(d.address, request(7))[0]
+        result = answers(d.address, request(7))[0]
         assert result.WhichOneof("outcome") == "executable" and result.tier == svc.COMPILED
-        stats = _stats(d.address)
+        stats = daemon_stats(d.address)
         assert stats.corrupt_entries == 1 and stats.compiles == 1
-        assert _compile(d.address, request(7))[0].tier == svc.MEMORY
+        assert answers(d.address, request(7))[0].tier == svc.MEMORY
     finally:
         d.stop()
 
 
 def test_restart_serves_from_disk_and_cache_commands(short_tmp):
     d = start_daemon(short_tmp, "--workers", "1")
-    assert all(r.tier == svc.COMPILED for r in _compile(d.address, request(1), request(2)))
+    assert all(r.tier == svc.COMPILED for r in answers(d.address, request(1), request(2)))
     d.stop()
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
     try:
-        results = _compile(d.address, request(1), request(2))
+        results = answers(d.address, request(1), request(2))
         assert [r.tier for r in results] == [svc.DISK, svc.DISK]
-        assert _stats(d.address).compiles == 0
+        assert daemon_stats(d.address).compiles == 0
     finally:
         d.stop()
     cache = ["cache", "--cache-dir", str(d.cache_dir)]
@@ -177,7 +163,7 @@ def test_bad_requests_get_the_right_status_and_the_daemon_stays_up(short_tmp):
         malformed = request(2)
         malformed.graph.nodes[0].args[0].tensor.input = 9
         huge_nodes = request(3)
-        results = _compile(d.address, old, malformed)
+        results = answers(d.address, old, malformed)
         assert (
             results[0].error.error_class == svc.VERSION_MISMATCH
             and "differs" in results[0].error.message
@@ -225,7 +211,7 @@ def test_bad_requests_get_the_right_status_and_the_daemon_stays_up(short_tmp):
             assert not info.compatible and info.compiler_version == compiler.compiler_version()
             health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
             assert health.status == health_pb2.HealthCheckResponse.SERVING
-        assert _compile(d.address, request(4))[0].WhichOneof("outcome") == "executable"
+        assert answers(d.address, request(4))[0].WhichOneof("outcome") == "executable"
         assert d.proc.poll() is None
     finally:
         d.stop()
@@ -239,7 +225,7 @@ def test_permissions_of_socket_and_cache(daemon):
 
 
 def test_lookup_by_key_hits_after_a_compile(daemon):
-    result = _compile(daemon.address, request(11))[0]
+    result = answers(daemon.address, request(11))[0]
     key = compiler.cache_key(graph(11), compiler_target(), executable_pb2.CompileOptions()).digest
     assert result.cache_key == key, "client and daemon agree on keys"
     with grpc.insecure_channel(daemon.address) as ch:
@@ -271,7 +257,7 @@ def test_sigterm_drains_and_systemd_readiness(short_tmp):
         client = DaemonCompileClient(d.address, auto_start=False)
         slow = client.submit(request(20, debug_sleep_ms=1500))
         deadline = time.monotonic() + 30
-        while _stats(d.address).in_flight == 0 and time.monotonic() < deadline:
+        while daemon_stats(d.address).in_flight == 0 and time.monotonic() < deadline:
             time.sleep(0.02)  # SIGTERM must arrive while the compile runs
         d.proc.send_signal(signal.SIGTERM)
         result = slow.result(timeout=60)
@@ -326,7 +312,7 @@ def test_client_without_daemon_compiles_in_process(short_tmp):
 def test_cli_status_and_stats(daemon, capsys):
     assert cli(["daemon", "status", "--address", daemon.address]) == 0
     assert "running" in capsys.readouterr().out
-    _compile(daemon.address, request(30))
+    answers(daemon.address, request(30))
     assert cli(["--address", daemon.address, "stats"]) == 0
     assert "compiles" in capsys.readouterr().out
     assert cli(["--address", daemon.address, "stats", "--json"]) == 0

@@ -27,25 +27,10 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
 
-from .helpers import cache_rows, graph, request, set_row, start_daemon
+from .helpers import answers, cache_rows, daemon_stats, graph, request, set_row, start_daemon
 
 pytestmark = pytest.mark.timeout(300)
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
-
-
-def _answers(address: str, *requests: svc.CompileRequest) -> list[svc.CompileResult]:
-    """One answer per request (the test's deadline catches a missing one)."""
-    client = DaemonCompileClient(address, auto_start=False)
-    try:
-        futures = [client.submit(r) for r in requests]
-        return [f.result(timeout=120) for f in futures]
-    finally:
-        client.close()
-
-
-def _stats(address: str) -> svc.StatsResponse:
-    with grpc.insecure_channel(address) as ch:
-        return svc_grpc.CompileServiceStub(ch).Stats(svc.StatsRequest(), timeout=30)
 
 
 def _until(condition, what: str, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -66,14 +51,14 @@ def _workers(daemon_pid: int) -> list[psutil.Process]:
 
 # -- workers ----------------------------------------------------------------------------------
 def test_idle_workers_killed_are_replaced_and_compiles_go_on(daemon):
-    assert _ok(_answers(daemon.address, request(1))[0])
+    assert _ok(answers(daemon.address, request(1))[0])
     _until(lambda: len(_workers(daemon.pid())) == 2, "two workers")
     for worker in _workers(daemon.pid()):
         worker.kill()  # idle: as the OOM killer would
-    _until(lambda: _stats(daemon.address).worker_restarts >= 2, "both deaths noticed")
-    stats = _stats(daemon.address)
+    _until(lambda: daemon_stats(daemon.address).worker_restarts >= 2, "both deaths noticed")
+    stats = daemon_stats(daemon.address)
     assert stats.workers_alive == stats.workers == 2
-    assert all(_ok(r) for r in _answers(daemon.address, *[request(i) for i in range(2, 8)]))
+    assert all(_ok(r) for r in answers(daemon.address, *[request(i) for i in range(2, 8)]))
 
 
 # -- the disk tier ----------------------------------------------------------------------------
@@ -87,18 +72,18 @@ def test_a_cache_that_refuses_writes_then_takes_them_again(short_tmp):
         subprocess.run(["prlimit", f"--pid={d.pid()}", f"--fsize={soft}:unlimited"], check=True)
 
     try:
-        assert _ok(_answers(d.address, request(1))[0])
+        assert _ok(answers(d.address, request(1))[0])
         file_size_limit("0")
-        results = _answers(d.address, *[request(i) for i in range(2, 6)])
+        results = answers(d.address, *[request(i) for i in range(2, 6)])
         assert all(_ok(r) for r in results), "compiled and answered; only not kept on disk"
-        assert _stats(d.address).disk_errors > 0
+        assert daemon_stats(d.address).disk_errors > 0
         file_size_limit("unlimited")
-        assert _ok(_answers(d.address, request(6))[0])
+        assert _ok(answers(d.address, request(6))[0])
     finally:
         d.stop()
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
     try:
-        assert _answers(d.address, request(6))[0].tier == svc.DISK, "writes work again"
+        assert answers(d.address, request(6))[0].tier == svc.DISK, "writes work again"
     finally:
         d.stop()
 
@@ -107,19 +92,19 @@ def test_a_full_disk(short_tmp, tmpfs):
     disk = tmpfs("full", size="256k")
     d = start_daemon(short_tmp, "--workers", "2", cache_dir=disk / "cache")
     try:
-        results = _answers(d.address, *[request(i) for i in range(60)])
+        results = answers(d.address, *[request(i) for i in range(60)])
         assert all(_ok(r) for r in results)
-        assert _stats(d.address).disk_errors > 0, "the disk did fill up"
+        assert daemon_stats(d.address).disk_errors > 0, "the disk did fill up"
         assert d.proc.poll() is None
     finally:
         d.stop()
 
 
 def test_cache_db_deleted_while_serving(daemon):
-    assert all(_ok(r) for r in _answers(daemon.address, request(1), request(2)))
+    assert all(_ok(r) for r in answers(daemon.address, request(1), request(2)))
     (daemon.cache_dir / "executables" / "cache.db").unlink()
     mixed = [request(i % 8) for i in range(16)]
-    assert all(_ok(r) for r in _answers(daemon.address, *mixed)), "all 16 answered"
+    assert all(_ok(r) for r in answers(daemon.address, *mixed)), "all 16 answered"
     _until(lambda: (daemon.cache_dir / "executables" / "cache.db").exists(), "a new cache.db")
     assert daemon.proc.poll() is None
 
@@ -133,7 +118,7 @@ def test_a_damaged_cache_db_is_moved_aside_and_the_daemon_starts_empty(short_tmp
     (executables / "cache.db").write_bytes(b"not a database, " * 512)
     d = start_daemon(short_tmp, "--workers", "1")
     try:
-        assert all(_ok(r) for r in _answers(d.address, request(1), request(2)))
+        assert all(_ok(r) for r in answers(d.address, request(1), request(2)))
         aside = sorted(executables.glob("cache.db.damaged-*"))
         assert len(aside) == 1 and aside[0].read_bytes().startswith(b"not a database")
         assert "damaged" in d.log.read_text()
@@ -141,7 +126,7 @@ def test_a_damaged_cache_db_is_moved_aside_and_the_daemon_starts_empty(short_tmp
         d.stop()
     d = start_daemon(short_tmp, "--workers", "1")
     try:
-        again = _answers(d.address, request(1), request(2))
+        again = answers(d.address, request(1), request(2))
         assert [r.tier for r in again] == [svc.DISK, svc.DISK], again
     finally:
         d.stop()
@@ -149,7 +134,7 @@ def test_a_damaged_cache_db_is_moved_aside_and_the_daemon_starts_empty(short_tmp
 
 def test_swapped_entries_are_never_served(short_tmp):
     d = start_daemon(short_tmp, "--workers", "1")
-    assert all(_ok(r) for r in _answers(d.address, request(1), request(2)))
+    assert all(_ok(r) for r in answers(d.address, request(1), request(2)))
     d.stop()
     (a_id, _, a_value), (b_id, _, b_value) = cache_rows(d.cache_dir)
     set_row(d.cache_dir, a_id, value=b_value)
@@ -158,7 +143,7 @@ def test_swapped_entries_are_never_served(short_tmp):
     # verify dropped them; swap two fresh ones and let the daemon meet them instead
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
     try:
-        assert all(_ok(r) for r in _answers(d.address, request(3), request(4)))
+        assert all(_ok(r) for r in answers(d.address, request(3), request(4)))
     finally:
         d.stop()
     (a_id, _, a_value), (b_id, _, b_value) = cache_rows(d.cache_dir)
@@ -166,9 +151,9 @@ def test_swapped_entries_are_never_served(short_tmp):
     set_row(d.cache_dir, b_id, value=a_value)
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
     try:
-        results = _answers(d.address, request(3), request(4))
+        results = answers(d.address, request(3), request(4))
         assert [r.tier for r in results] == [svc.COMPILED, svc.COMPILED]
-        assert _stats(d.address).corrupt_entries == 2
+        assert daemon_stats(d.address).corrupt_entries == 2
     finally:
         d.stop()
 
@@ -185,7 +170,7 @@ class _Planted:
 
 def test_a_planted_pickle_row_never_runs(short_tmp):
     d = start_daemon(short_tmp, "--workers", "1")
-    assert _ok(_answers(d.address, request(1))[0])
+    assert _ok(answers(d.address, request(1))[0])
     d.stop()
     marker = short_tmp / "pwned"
     key = "ab" * 32
@@ -299,7 +284,7 @@ def test_a_shared_cache_dir_keeps_its_mode_and_a_symlinked_one_is_refused(short_
     os.chmod(shared, 0o1777)
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=shared)
     try:
-        assert _ok(_answers(d.address, request(1))[0])
+        assert _ok(answers(d.address, request(1))[0])
     finally:
         d.stop()
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
@@ -356,7 +341,7 @@ def test_oversized_work_is_refused_or_bounded(daemon):
     huge.graph.nodes[0].outputs[0].shape[0] = 1 << 62
     wide = _graph_with(outputs=5000)
     deep = _graph_with(nodes=2000)
-    results = _answers(daemon.address, huge, wide, deep)
+    results = answers(daemon.address, huge, wide, deep)
     assert (
         results[0].error.error_class == svc.INVALID_REQUEST
         and "elements" in results[0].error.message
@@ -491,7 +476,7 @@ def test_sigkill_of_the_daemon_mid_stream_fails_over_to_in_process(daemon):
     client = DaemonCompileClient(daemon.address, auto_start=False)
     try:
         slow = client.submit(request(51, debug_sleep_ms=3000))
-        _until(lambda: _stats(daemon.address).in_flight == 1, "the compile to start")
+        _until(lambda: daemon_stats(daemon.address).in_flight == 1, "the compile to start")
         os.kill(daemon.pid(), signal.SIGKILL)
         with pytest.raises(Exception, match="went away"):
             slow.result(timeout=60)
