@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 import psutil
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trnsim import compiler
@@ -39,6 +40,7 @@ class Tally:
 
     sent: int = 0
     answered: int = 0
+    cancels: int = 0  # of those sent, valid cancels (random bytes can be one): owed no answer
     statuses: Counter[str] = field(default_factory=Counter)
     identical: int = 0
 
@@ -172,21 +174,29 @@ def check_batch(address: str, batch: list[tuple[str, object]], tally: Tally) -> 
     """Each item: ("bytes", raw), ("broken", request) or ("valid", request); one stream."""
     messages: list[bytes] = []
     expect: dict[int, tuple[str, svc.CompileRequest]] = {}
+    cancels = 0  # random bytes that happen to be a valid cancel: answered by nothing
     for k, (kind, item) in enumerate(batch, start=1):
         if kind == "bytes":
             assert isinstance(item, bytes)
+            cancel = as_cancel(item)
+            if cancel is not None:
+                cancels += 1
+                if 1000 < cancel.id <= 1000 + len(batch):  # (never one of this batch's)
+                    cancel.id = 0
+                    item = cancel.SerializeToString()
             messages.append(item)
             continue
         assert isinstance(item, svc.CompileRequest)
         item.id = 1000 + k
         expect[item.id] = (kind, item)
         messages.append(item.SerializeToString())
+    tally.cancels += cancels
     answers = run_stream(address, messages, tally)
-    assert len(answers) == len(messages), "one answer per message"
+    assert len(answers) == len(messages) - cancels, "one answer per message, none per cancel"
     by_id = {a.id: a for a in answers if a.id in expect}
     unreadable = {rid for rid in expect if rid not in by_id}  # (too deep for protobuf)
     others = sum(1 for a in answers if a.id not in expect)  # random bytes, unreadable ones
-    assert others == messages_of_bytes(batch) + len(unreadable), "one answer per message"
+    assert others == messages_of_bytes(batch) - cancels + len(unreadable), "one answer each"
     for rid, (kind, sent) in expect.items():
         if rid in unreadable:
             continue
@@ -200,6 +210,15 @@ def check_batch(address: str, batch: list[tuple[str, object]], tally: Tally) -> 
             local = compiler.compile(sent.graph, sent.target, sent.options)
             assert answer.executable.data == local.SerializeToString(), "a local compile's bytes"
             tally.identical += 1
+
+
+def as_cancel(raw: bytes) -> svc.CompileRequest | None:
+    """The request random bytes decode to, when it is a cancel (which gets no answer)."""
+    try:
+        request = svc.CompileRequest.FromString(raw)
+    except (DecodeError, RecursionError, ValueError):
+        return None
+    return request if request.cancel else None
 
 
 def messages_of_bytes(batch: list[tuple[str, object]]) -> int:
@@ -253,11 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         alive = d.proc.poll() is None
     finally:
         d.stop()
-    print(f"requests sent {tally.sent}, answers received {tally.answered}")
+    print(
+        f"requests sent {tally.sent} ({tally.cancels} of them cancels, owed no answer), "
+        f"answers received {tally.answered}"
+    )
     print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.statuses.items())))
     print(f"valid requests byte-identical to a local compile: {tally.identical}")
     print(f"daemon alive: {alive}; RSS before {rss_before >> 20} MiB, after {rss_after >> 20} MiB")
-    return 0 if alive and tally.sent == tally.answered else 1
+    return 0 if alive and tally.sent - tally.cancels == tally.answered else 1
 
 
 if __name__ == "__main__":
