@@ -94,8 +94,14 @@ def peer_uid(path: Path) -> int | None:
     return int(struct.unpack("3i", creds)[1])
 
 
+# How long GetInfo may take. A socket nobody listens on fails at once; a daemon that is
+# there but loaded (64 processes starting together on 2 cores) can take seconds, and taking
+# it for absent would mean compiling in process, or starting a second daemon.
+INFO_TIMEOUT_S = 10.0
+
+
 def get_info(
-    address: str, timeout: float = 1.0, version: str = "", fmt: int = 0
+    address: str, timeout: float = INFO_TIMEOUT_S, version: str = "", fmt: int = 0
 ) -> svc.GetInfoResponse | None:
     """The daemon's GetInfo answer, or None when nothing answers at address. Raises
     UntrustedDaemon when what answers there is not this user's (check_trusted)."""

@@ -1,9 +1,10 @@
 """A server that poses as the compile daemon (another local user's, in the tests): answers
 GetInfo as a compatible daemon would, and writes down every Compile request it receives.
 
-    python tests/daemon/fake_server.py ADDRESS LOG [--mute]
+    python tests/daemon/fake_server.py ADDRESS LOG [--mute] [--slow-info]
 
---mute: it takes the Compile stream and never answers (a hung daemon)."""
+--mute: it takes the Compile stream and never answers (a hung daemon).
+--slow-info: GetInfo answers after 3 s (a daemon loaded by many processes starting at once)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from trnsim import compiler
 from trnsim.protos import compile_service_pb2 as svc
 
 
-def main(address: str, log: str, mute: bool) -> None:
+def main(address: str, log: str, mute: bool, slow_info: bool) -> None:
     def get_info(request: svc.GetInfoRequest, context: grpc.ServicerContext) -> svc.GetInfoResponse:
+        if slow_info:
+            time.sleep(3)
         return svc.GetInfoResponse(
             compiler_version=compiler.compiler_version(),
             format_version=compiler.FORMAT_VERSION,
@@ -54,4 +57,4 @@ def main(address: str, log: str, mute: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], "--mute" in sys.argv[3:])
+    main(sys.argv[1], sys.argv[2], "--mute" in sys.argv[3:], "--slow-info" in sys.argv[3:])

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 GRAPHS = 8
 CLIENT = """
@@ -25,7 +26,7 @@ from tests.daemon.helpers import request
 address, seconds, graphs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 client = DaemonCompileClient(address, auto_start=False)
 requests = [request(i) for i in range(graphs)]
-latencies, errors, i = [], 0, 0
+latencies, errors, i, first = [], 0, 0, ""
 start = time.monotonic()
 while time.monotonic() - start < seconds:
     r = requests[i % graphs]
@@ -35,15 +36,17 @@ while time.monotonic() - start < seconds:
         result = client.submit(r).result(timeout=60)
         if result.WhichOneof("outcome") != "executable":
             errors += 1
-    except Exception:
+            first = first or result.error.message
+    except Exception as e:
         errors += 1
+        first = first or f"{type(e).__name__}: {e}"
     latencies.append(time.perf_counter() - t)
 client.close()
-print(json.dumps({"latencies": latencies, "errors": errors}))
+print(json.dumps({"latencies": latencies, "errors": errors, "first_error": first}))
 """
 
 
-def soak(address: str, clients: int, seconds: float) -> dict[str, float]:
+def soak(address: str, clients: int, seconds: float) -> dict[str, Any]:
     """Every client's requests, errors and the p50/p99 hit latency in ms."""
     repo = str(Path(__file__).resolve().parents[2])
     procs = [
@@ -57,6 +60,7 @@ def soak(address: str, clients: int, seconds: float) -> dict[str, float]:
     ]
     latencies: list[float] = []
     errors = failed = 0
+    reasons: dict[str, int] = {}  # each client's first error
     for p in procs:
         out, _ = p.communicate(timeout=seconds + 300)
         if p.returncode != 0:
@@ -65,6 +69,8 @@ def soak(address: str, clients: int, seconds: float) -> dict[str, float]:
         report = json.loads(out.strip().splitlines()[-1])
         latencies += report["latencies"]
         errors += report["errors"]
+        if report["first_error"]:
+            reasons[report["first_error"]] = reasons.get(report["first_error"], 0) + 1
     latencies.sort()
 
     def pick(q: float) -> float:
@@ -77,6 +83,7 @@ def soak(address: str, clients: int, seconds: float) -> dict[str, float]:
         "failed_clients": failed,
         "p50_ms": pick(0.5) if latencies else 0.0,
         "p99_ms": pick(0.99) if latencies else 0.0,
+        "first_errors": reasons,
     }
 
 
@@ -117,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         f"failed {report['failed_clients']}; hit latency p50 {report['p50_ms']:.2f} ms, "
         f"p99 {report['p99_ms']:.2f} ms; daemon alive {alive}"
     )
+    for reason, n in report["first_errors"].items():
+        print(f"  {n} clients first failed with: {reason}")
     return 0 if alive and not report["errors"] and not report["failed_clients"] else 1
 
 

@@ -459,6 +459,29 @@ def test_a_daemon_that_never_answers_costs_a_deadline_not_a_hang(short_tmp):
         mute.wait()
 
 
+def test_a_daemon_slow_to_say_who_it_is_is_still_used(short_tmp):
+    """GetInfo answered after 3 s (a daemon loaded by many starting processes): the client
+    waits for it rather than taking the daemon for absent (which compiled in process, or
+    with auto-start could start a second daemon)."""
+    sock = short_tmp / "slow.sock"
+    got = short_tmp / "got.log"
+    slow = subprocess.Popen(
+        [sys.executable, str(FAKE_SERVER), f"unix:{sock}", str(got), "--slow-info"]
+    )
+    try:
+        _until(sock.exists, "the slow server")
+        client = DaemonCompileClient(f"unix:{sock}", auto_start=False)
+        try:
+            future = client.submit(request(1))
+            assert future.result(timeout=60).id == 1  # (answered by the server, not here)
+            assert got.read_text().count("received graph") == 1
+        finally:
+            client.close()
+    finally:
+        slow.kill()
+        slow.wait()
+
+
 def test_a_compile_over_the_daemon_limit_is_not_retried_in_process(short_tmp):
     d = start_daemon(short_tmp, "--workers", "1", "--compile-timeout", "1")
     client = DaemonCompileClient(d.address, auto_start=False)
