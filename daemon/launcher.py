@@ -187,11 +187,37 @@ def ensure_daemon(
         info = get_info(address)
         if info is not None:
             return info
-        proc = spawn(address, idle_exit_s, path.parent / "daemon.log")
+        log_file = path.parent / "daemon.log"
+        start = log_file.stat().st_size if log_file.exists() else 0
+        proc = spawn(address, idle_exit_s, log_file)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             info = get_info(address, timeout=0.5)
-            if info is not None or proc.poll() is not None:
+            if info is not None:
                 return info
+            if proc.poll() is not None:
+                raise DaemonStartError(proc.returncode, _last_line(log_file, start), log_file)
             time.sleep(0.05)
     return None
+
+
+class DaemonStartError(ConfigError):
+    """The auto-started daemon exited before it answered: its own reason (a cache directory
+    open to other users, a port taken...) is in its log, and said here."""
+
+    def __init__(self, status: int, reason: str, log_file: Path) -> None:
+        super().__init__(
+            f"the compile daemon exited at start (status {status}): "
+            f"{reason or 'no reason given'} (log: {log_file})"
+        )
+
+
+def _last_line(log_file: Path, start: int) -> str:
+    """The last line the daemon wrote to its log from byte `start` on."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(start)
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""

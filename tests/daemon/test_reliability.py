@@ -22,7 +22,7 @@ from trnsim.client.compile_client import DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.daemon import launcher
 from trnsim.daemon.cli import main as cli
-from trnsim.daemon.config import ConfigError
+from trnsim.daemon.config import ConfigError, default_address
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
@@ -537,6 +537,33 @@ def test_a_daemon_that_cannot_be_started_leaves_compiles_in_process(short_tmp):
             request(62).graph, "trn2", executable_pb2.CompileOptions(), None
         )
         assert future.result(timeout=60).cache_key and client.local.compiles == 2
+    finally:
+        client.close()
+
+
+def test_a_daemon_that_exits_at_start_says_why_to_the_client(short_tmp, monkeypatch):
+    """The auto-started daemon refuses a cache directory open to other users and exits: the
+    client compiles in process and its warning carries the daemon's reason (not only "no
+    compile daemon"), once; it does not respawn a daemon every few seconds."""
+    import trnsim.client.compile_client as cc
+
+    cache = short_tmp / "cache"
+    (cache / "executables").mkdir(parents=True)
+    (cache / "executables").chmod(0o755)
+    (short_tmp / "xdg").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp / "xdg"))
+    monkeypatch.setenv("NEURON_CACHE_DIR", str(cache))
+    monkeypatch.setattr(cc, "RECONNECT_AFTER_S", 0.0)
+    client = DaemonCompileClient(default_address(), auto_start=True)
+    try:
+        options = executable_pb2.CompileOptions()
+        with pytest.warns(RuntimeWarning, match="exited at start.*open to other users"):
+            client.compile(request(91).graph, "trn2", options, None)
+        log = short_tmp / "xdg" / "trnsim" / "daemon.log"
+        starts = log.read_text().count("open to other users")
+        client.compile(request(92).graph, "trn2", options, None)
+        assert client.local.compiles == 2
+        assert log.read_text().count("open to other users") == starts, "no second start"
     finally:
         client.close()
 
