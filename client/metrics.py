@@ -1,4 +1,7 @@
-"""Counters of the neuron runtime: public API (torch.neuron.metrics()); tests assert them."""
+"""Counters of the neuron runtime: public API (torch.neuron.metrics()); tests assert them.
+
+What the timeline counts (launches, sync waits, busy times) it alone counts
+(simulator/device.py Timeline.snapshot): each key has one source."""
 
 from __future__ import annotations
 
@@ -10,9 +13,7 @@ COUNTERS = (
     "cache_hits",  # ops whose signature was already in the in-process cache
     "cache_misses",  # ops that needed an executable looked up or compiled
     "executable_cache_hits",  # signature misses served by an executable already loaded
-    "launches",  # executables enqueued on the device
     "hbm_bytes",  # bytes those executables move to and from HBM (modelled)
-    "sync_waits",  # times the host waited for the device
     "h2d_bytes",
     "h2d_async_bytes",  # of those, non_blocking copies from pinned memory (DMA, host goes on)
     "d2h_bytes",

@@ -449,7 +449,6 @@ class Recorder:
         timeline.host_work(rt.target.host_submit_ns)
         timeline.enqueue(loaded.modelled_ns, rt.stream, loaded.engine_ns)
         counts = rt.metrics.counts
-        counts["launches"] += 1
         counts["hbm_bytes"] += loaded.hbm_bytes
         counts["fused_executions"] += 1
         counts["fused_ops"] += sum(1 for op in ops if op.entry is not None)

@@ -188,13 +188,11 @@ class Runtime:
         timeline.host_busy_ns += cost
         if loaded.modelled_ns:
             timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
-            self.metrics.counts["launches"] += 1
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
 
     def synchronize(self, stream: int | None = None) -> None:
         self.flush("sync")
         self.timeline.synchronize(stream)
-        self.metrics.counts["sync_waits"] += 1
 
     def host_to_device(self, nbytes: int, from_pinned: bool = False) -> None:
         """A host->device copy. From pageable memory the host is busy for the transfer; a
@@ -217,7 +215,16 @@ class Runtime:
 
     def snapshot(self) -> dict[str, int]:
         self.flush("sync")
-        return {**self.metrics.counts, **self.timeline.snapshot()}
+        counts, times = self.metrics.counts, self.timeline.snapshot()
+        assert not counts.keys() & times.keys(), counts.keys() & times.keys()  # one source each
+        return {**counts, **times}
+
+    def reset_metrics(self) -> None:
+        """Every counter and busy time to zero (pending recorded work is counted first); the
+        clocks (host_ns, wall_ns) go on."""
+        self.flush("sync")
+        self.metrics.reset()
+        self.timeline.reset_counters()
 
 
 _runtime: Runtime | None = None

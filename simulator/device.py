@@ -168,6 +168,14 @@ class Timeline:
             raise RuntimeError("both events must be recorded before elapsed time is read")
         return end.time_ns - start.time_ns
 
+    def reset_counters(self) -> None:
+        """Launches, sync waits and busy times back to zero; the clocks (host time, queue
+        ends) go on, so work in flight still finishes when it would have."""
+        self.host_busy_ns = self.sync_waits = self.sync_wait_ns = self.launches = 0
+        self.engine_busy_ns.clear()
+        for queue in self._queues.values():
+            queue.busy_ns = 0
+
     # -- summary ------------------------------------------------------------------------------
     def now_ns(self) -> int:
         """Simulated wall time: the later of the host and every queue's end."""

@@ -189,3 +189,22 @@ def test_histc_takes_integers_as_cuda_does():
     got = torch.histc(ids.to("neuron"), bins=4, min=0, max=3)
     assert got.dtype == torch.int32
     assert got.cpu().tolist() == [1, 2, 1, 3]
+
+
+def test_reset_metrics_zeroes_every_counter_and_the_clocks_go_on():
+    """torch.neuron.reset_metrics() zeroes what metrics() counts, from the runtime and the
+    timeline alike (launches and sync waits included); host and wall time are clocks."""
+    x = torch.ones(64, 64, device="neuron")
+    (x @ x).sum().item()
+    before = torch.neuron.metrics()
+    assert before["launches"] > 0 and before["sync_waits"] > 0
+    torch.neuron.reset_metrics()
+    after = torch.neuron.metrics()
+    clocks = {"host_ns", "wall_ns"}
+    assert {k: v for k, v in after.items() if k not in clocks and v} == {}
+    assert after["host_ns"] >= before["host_ns"] and after["wall_ns"] >= before["wall_ns"]
+    y = x + 1
+    torch.neuron.synchronize()
+    again = torch.neuron.metrics()
+    assert again["launches"] == 1 and again["sync_waits"] == 1, again
+    assert again["device_busy_ns"] > 0 and y.shape == (64, 64)
