@@ -184,8 +184,7 @@ class Runtime:
             cost, self._host_mark = now - self._host_mark, now
         else:
             cost = self.dispatch_ns
-        timeline.host_ns += cost
-        timeline.host_busy_ns += cost
+        timeline.host_work(cost)
         if loaded.modelled_ns:
             timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes

@@ -161,15 +161,16 @@ class CompileService(svc_grpc.CompileServiceServicer):
         else:
             owed[request.id] += 1
         fast = self._answer_fast(stream, request, lambda r: out.put_nowait((r, True)))
-        if not fast:
+        if fast is not True:
             self.inflight.expect(stream, request.id)
             asyncio.get_running_loop().run_in_executor(
-                self._io, self._handle_safely, stream, request, from_thread
+                self._io, self._handle_safely, stream, request, from_thread, fast or None
             )
 
-    def _answer_fast(self, stream: int, request: svc.CompileRequest, deliver: Any) -> bool:
-        """Answers from the memory tier when it can; False sends the request the slow way.
-        Only small graphs are hashed here: the event loop serves every client."""
+    def _answer_fast(self, stream: int, request: svc.CompileRequest, deliver: Any) -> bool | str:
+        """Answers from the memory tier when it can (True). Otherwise the request goes the
+        slow way, with its key when it was hashed here (a miss), else False. Only small
+        graphs are hashed here: the event loop serves every client."""
         with self.stats.lock:
             self.stats.requests += 1
         if request.cancel:
@@ -185,13 +186,15 @@ class CompileService(svc_grpc.CompileServiceServicer):
             return False
         blob = self.cache.memory_get(key)
         if blob is None:
-            return False
+            return key
         with self.stats.lock:
             self.stats.seconds_saved += blob.compile_seconds
         deliver(svc.CompileResult(id=request.id, cache_key=key, executable=blob, tier=svc.MEMORY))
         return True
 
-    def _handle_safely(self, stream: int, request: svc.CompileRequest, deliver: Any) -> None:
+    def _handle_safely(
+        self, stream: int, request: svc.CompileRequest, deliver: Any, key: str | None = None
+    ) -> None:
         """_handle, with the guarantee that the request gets an answer, whatever fails."""
         answered = False
 
@@ -201,7 +204,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             deliver(result)
 
         try:
-            self._handle(stream, request, once)
+            self._handle(stream, request, once, key)
         except Exception as e:
             log.exception("handling request %d of stream %d failed", request.id, stream)
             if not answered:
@@ -209,7 +212,11 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 self.stats.failure(svc.TRANSIENT)
                 once(_error_result(request.id, svc.TRANSIENT, message))
 
-    def _handle(self, stream: int, request: svc.CompileRequest, deliver: Any) -> None:
+    def _handle(
+        self, stream: int, request: svc.CompileRequest, deliver: Any, key: str | None = None
+    ) -> None:
+        """A request the memory tier did not answer; `key`, when the event loop already
+        hashed its graph (which is validated here all the same)."""
         error = self._check(request)
         if error is not None:
             self.stats.failure(error.error_class)
@@ -217,9 +224,10 @@ class CompileService(svc_grpc.CompileServiceServicer):
             return
         try:
             from_proto(request.graph)  # validated (types, names, limits) before anything else
-            key = compiler.cache_key_from_proto(
-                request.graph, get_target(request.target), request.options
-            ).digest
+            if key is None:
+                key = compiler.cache_key_from_proto(
+                    request.graph, get_target(request.target), request.options
+                ).digest
         except GraphError as e:
             self._invalid(request, deliver, e)
             return

@@ -78,29 +78,20 @@ class Timeline:
         if duration_ns < 0:
             raise ValueError(f"negative duration {duration_ns} ns for launch {name!r}")
         overhead = self.target.launch_overhead_ns if overhead_ns is None else overhead_ns
-        queue = self._queues[stream]
-        start = max(self.host_ns, queue.end_ns)
-        end = start + overhead + duration_ns
-        queue.end_ns = end
-        ends = queue.ends
-        ends.append(end)
-        host = self.host_ns
-        while ends[0] <= host:
-            ends.popleft()
-        queue.busy_ns += end - start
-        self.launches += 1
-        if engine_ns:
-            busy = self.engine_busy_ns
-            for engine, ns in engine_ns.items():
-                busy[engine] += ns
-        return Launch(stream, name, self.host_ns, start, end)
+        start = self.enqueue(duration_ns, stream, engine_ns or {}, overhead)
+        return Launch(stream, name, self.host_ns, start, self._queues[stream].end_ns)
 
-    def enqueue(self, duration_ns: int, stream: int, engine_ns: dict[str, int]) -> None:
-        """launch() without the record: the runtime's per-op path."""
+    def enqueue(
+        self, duration_ns: int, stream: int, engine_ns: dict[str, int], overhead_ns: int = -1
+    ) -> int:
+        """launch() without the record (the runtime's per-op path): the work starts when
+        the host submits it or the stream's earlier work ends, whichever is later, and takes
+        the launch overhead (the target's, unless given) plus duration_ns. Returns its start."""
+        overhead = self.target.launch_overhead_ns if overhead_ns < 0 else overhead_ns
         queue = self._queues[stream]
         host = self.host_ns
         start = max(queue.end_ns, host)
-        end = start + self.target.launch_overhead_ns + duration_ns
+        end = start + overhead + duration_ns
         queue.end_ns = end
         ends = queue.ends
         ends.append(end)
@@ -111,6 +102,7 @@ class Timeline:
         busy = self.engine_busy_ns
         for engine, ns in engine_ns.items():
             busy[engine] += ns
+        return start
 
     def queue_depth(self, stream: int | None = None) -> int:
         """Launches submitted and not yet finished at the current host time."""

@@ -353,7 +353,8 @@ def test_oversized_work_is_refused_or_bounded(daemon):
 
 def test_a_huge_graph_is_hashed_off_the_event_loop(short_tmp, monkeypatch):
     """The event loop answers memory hits for every client: a large graph is never hashed
-    there (100k nodes took 6 s), it goes to the I/O threads whole."""
+    there (100k nodes took 6 s), it goes to the I/O threads whole; a small one missed there
+    is not hashed a second time on the slow path."""
     from trnsim.daemon import service as service_module
     from trnsim.daemon.config import DaemonConfig
 
@@ -369,9 +370,14 @@ def test_a_huge_graph_is_hashed_off_the_event_loop(short_tmp, monkeypatch):
         )
         big = _graph_with(nodes=service_module.FAST_PATH_MAX_NODES + 1)
         small = _graph_with(nodes=3)
-        assert not service._answer_fast(1, big, lambda r: None)
-        assert not service._answer_fast(1, small, lambda r: None)  # (a miss: hashed, though)
-        assert hashed == [len(small.graph.nodes)]
+        assert service._answer_fast(1, big, lambda r: None) is False
+        key = service._answer_fast(1, small, lambda r: None)  # a miss: hashed, key passed on
+        assert isinstance(key, str) and hashed == [len(small.graph.nodes)]
+        answers: list[svc.CompileResult] = []
+        service.inflight.open_stream(1)
+        service._handle(1, small, answers.append, key)
+        _until(lambda: len(answers) == 1, "the small graph compiled")
+        assert answers[0].cache_key == key and hashed == [len(small.graph.nodes)], "hashed once"
     finally:
         service.close()
 
