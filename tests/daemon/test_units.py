@@ -1,0 +1,201 @@
+"""The daemon's parts on their own, in process: the executable cache (memory LRU over a
+real diskcache in a temporary directory) and the in-flight table (one job per key, waiters,
+priorities, withdrawals, closed streams)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+from trnsim.daemon.cache import ExecutableCache, MemoryLRU
+from trnsim.daemon.inflight import InFlight, Waiter
+from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos.blobs import make_blob
+
+KEY_A, KEY_B, KEY_C = ("a" * 64, "b" * 64, "c" * 64)
+
+
+def _blob(key: str, size: int = 100) -> svc.ExecutableBlob:
+    return make_blob(bytes([len(key) % 251]) * size, 1, key)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = ExecutableCache(tmp_path / "executables", memory_bytes=1 << 20, disk_bytes=1 << 24)
+    yield c
+    c.close()
+
+
+# -- the cache -------------------------------------------------------------------------------------
+def test_memory_lru_evicts_the_least_recently_used_over_capacity():
+    lru = MemoryLRU(capacity=250)
+    for key in (KEY_A, KEY_B):
+        lru.put(key, _blob(key), 100)
+    assert lru.get(KEY_A) is not None  # A is now the most recent
+    lru.put(KEY_C, _blob(KEY_C), 100)
+    assert KEY_B not in lru and KEY_A in lru and KEY_C in lru
+    assert lru.nbytes == 200 and lru.counters.evictions == 1
+    lru.put("d" * 64, _blob("d" * 64), 1000)  # larger than the whole tier: not kept
+    assert len(lru) == 2 and lru.nbytes == 200
+
+
+def test_a_put_is_served_from_memory_then_from_disk_after_a_restart(tmp_path):
+    directory = tmp_path / "executables"
+    c = ExecutableCache(directory, memory_bytes=1 << 20, disk_bytes=1 << 24, tag="v1")
+    c.put(KEY_A, _blob(KEY_A))
+    assert c.get(KEY_A) == (_blob(KEY_A), svc.MEMORY)
+    c.close()
+    c = ExecutableCache(directory, memory_bytes=1 << 20, disk_bytes=1 << 24, tag="v1")
+    try:
+        assert c.memory_get(KEY_A) is None
+        assert c.get(KEY_A) == (_blob(KEY_A), svc.DISK)
+        assert c.memory_get(KEY_A) == _blob(KEY_A), "a disk hit is promoted to memory"
+        assert c.get(KEY_B) is None
+    finally:
+        c.close()
+
+
+def test_an_entry_stored_under_another_key_is_dropped_not_served(cache):
+    """The digest binds the bytes to their key: B's executable under A's key is refused."""
+    cache.disk.set(cache.EXE + KEY_A, _blob(KEY_B).SerializeToString())
+    assert cache.get(KEY_A) is None and cache.corrupt == 1
+    assert cache.disk.get(cache.EXE + KEY_A) is None, "deleted from disk"
+
+
+def test_errors_are_remembered_until_they_expire(cache):
+    error = svc.CompileError(error_class=svc.INVALID_REQUEST, message="no such op")
+    cache.put_error(KEY_A, error, ttl_s=60)
+    assert cache.get_error(KEY_A) == error
+    cache.put_error(KEY_B, error, ttl_s=-1)  # already expired
+    assert cache.get_error(KEY_B) is None
+
+
+def test_verify_and_prune(cache):
+    cache.put(KEY_A, _blob(KEY_A))
+    cache.disk.set(cache.EXE + KEY_B, _blob(KEY_C).SerializeToString())  # swapped
+    cache.disk.set(cache.EXE + KEY_C, _blob(KEY_C).SerializeToString(), tag="old version")
+    assert cache.verify() == (2, 1)
+    other = ExecutableCache(cache.directory, 1 << 20, 1 << 24, tag="new version")
+    try:
+        assert other.prune() == 2 and other.keys() == []
+    finally:
+        other.close()
+
+
+def test_a_disk_that_fails_costs_only_the_disk_tier(cache, monkeypatch):
+    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(cache.disk, "set", refuse)
+    cache.put(KEY_A, _blob(KEY_A))
+    assert cache.get(KEY_A) == (_blob(KEY_A), svc.MEMORY) and cache.disk_errors == 1
+
+
+def test_a_damaged_database_is_moved_aside(tmp_path):
+    directory = tmp_path / "executables"
+    directory.mkdir(mode=0o700)
+    (directory / "cache.db").write_bytes(b"garbage " * 1024)
+    c = ExecutableCache(directory, memory_bytes=1 << 20, disk_bytes=1 << 24)
+    try:
+        assert len(list(directory.glob("cache.db.damaged-*"))) == 1
+        c.put(KEY_A, _blob(KEY_A))
+        assert c.keys() == [c.EXE + KEY_A]
+    finally:
+        c.close()
+
+
+# -- the in-flight table ---------------------------------------------------------------------------
+def _waiter(stream: int, request_id: int, got: list[svc.CompileResult], priority=svc.BLOCKING):  # type: ignore[no-untyped-def]
+    return Waiter(stream, request_id, priority, got.append)
+
+
+def _request() -> svc.CompileRequest:
+    return svc.CompileRequest(target="trn2")
+
+
+def test_one_job_per_key_and_every_waiter_answered_under_its_own_id():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    table.open_stream(2)
+    assert table.submit(KEY_A, _request(), _waiter(1, 10, got)) is False
+    assert table.submit(KEY_A, _request(), _waiter(2, 20, got)) is True  # joined
+    assert table.counts() == (1, 0, 2) and table.joins == 1
+    job = table.next_job(timeout=1)
+    assert job is not None and job.key == KEY_A and table.counts() == (0, 1, 2)
+    result = svc.CompileResult(executable=_blob(KEY_A), tier=svc.COMPILED)
+    assert table.finish(job, result) == 2
+    assert sorted((r.id, r.tier) for r in got) == [(10, svc.COMPILED), (20, svc.JOINED)]
+    assert table.counts() == (0, 0, 0)
+
+
+def test_blocking_jobs_go_before_background_ones():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got, svc.BACKGROUND))
+    table.submit(KEY_B, _request(), _waiter(1, 2, got, svc.BLOCKING))
+    first = table.next_job(timeout=1)
+    assert first is not None and first.key == KEY_B
+
+
+def test_a_queued_job_whose_waiters_all_left_is_dropped():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got))
+    table.withdraw(1, 1)
+    assert table.counts() == (0, 0, 0) and table.dropped == 1
+    assert table.next_job(timeout=0.05) is None
+
+
+def test_a_running_job_outlives_its_waiters_and_a_requeued_one_without_them_goes():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got))
+    job = table.next_job(timeout=1)
+    assert job is not None
+    table.close_stream(1)
+    assert table.counts() == (0, 1, 0), "running: kept until the worker is done"
+    table.requeue(job)  # (its worker died): nobody waits, so it is not run again
+    assert table.counts() == (0, 0, 0) and table.dropped == 1
+
+
+def test_waiters_of_closed_streams_and_cancelled_requests_are_refused():
+    table, got = InFlight(), []
+    assert table.submit(KEY_A, _request(), _waiter(9, 1, got)) is False  # never opened
+    table.open_stream(1)
+    table.expect(1, 5)
+    table.withdraw(1, 5)  # cancelled while on its way
+    table.submit(KEY_A, _request(), _waiter(1, 5, got))
+    assert table.counts() == (0, 0, 0) and table.refused == 2
+    table.expect(1, 5)  # the id sent again: a new request
+    table.submit(KEY_A, _request(), _waiter(1, 5, got))
+    assert table.counts() == (1, 0, 1)
+
+
+def test_draining_hands_queued_jobs_back_as_cancelled():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got))
+    table.submit(KEY_B, _request(), _waiter(1, 2, got))
+    running = table.next_job(timeout=1)
+    assert running is not None
+    queued_id = 2 if running.key == KEY_A else 1
+    assert table.cancel_queued("shutting down") == 1
+    assert [(r.id, r.error.error_class) for r in got] == [(queued_id, svc.CANCELLED)]
+    assert table.counts() == (0, 1, 1), "the running job finishes"
+
+
+def test_next_job_wakes_when_work_arrives_and_when_the_table_closes():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    jobs: list[object] = []
+    worker = threading.Thread(target=lambda: jobs.append(table.next_job(timeout=30)))
+    worker.start()
+    table.submit(KEY_A, _request(), _waiter(1, 1, got))
+    worker.join(timeout=30)
+    assert len(jobs) == 1 and jobs[0] is not None
+    closer = threading.Thread(target=lambda: jobs.append(table.next_job(timeout=30)))
+    closer.start()
+    table.close()
+    closer.join(timeout=30)
+    assert jobs[1] is None
