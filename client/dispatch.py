@@ -15,24 +15,31 @@ import torch
 from trnsim.client import memory, runtime, shapes
 from trnsim.client.errors import check_device_index, execution_error, user_frame, user_location
 from trnsim.client.memory import to_device
+from trnsim.client.ops import (
+    DYNAMIC,
+    FRESH,
+    LIST,
+    NONE,
+    NOT_RECORDED,
+    VALUE,
+    WRITE,
+    Entry,
+    OpSpec,
+    Return,
+    graph_arg,
+    tensor_type,
+)
 from trnsim.client.pinned import is_pinned
-from trnsim.client.recorder import NOT_RECORDED
 from trnsim.compiler import op_table
 from trnsim.compiler.graph import (
     Alias,
     ArgValue,
-    DeviceArg,
-    DTypeArg,
     Graph,
-    LayoutArg,
-    MemoryFormatArg,
     Node,
-    ScalarInput,
     TensorType,
     Value,
 )
 from trnsim.protos import graph_pb2
-from trnsim.simulator import dtypes, execute
 from trnsim.simulator.execute import ExecutionError
 
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -40,82 +47,18 @@ META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 # (the Meta ones try to grow the storage, which device storages cannot).
 CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 Tensor = torch.Tensor
-# torch enums -> graph enums: the executor's tables read backwards.
-_MEMORY_FORMATS = {v: k for k, v in execute.MEMORY_FORMATS.items()}
-_LAYOUTS = {v: k for k, v in execute.LAYOUTS.items()}
-
-
-class UnsupportedArgumentError(NotImplementedError):
-    """Unrecoverable for this call: the op got an argument a graph cannot carry."""
-
-
-# -- per-op facts, computed once ----------------------------------------------------------------
-class OpSpec:
-    __slots__ = (
-        "argument_names",
-        "handler",
-        "mutated",
-        "name",
-        "op",
-        "positional_names",
-        "returns_tensor",
-        "shape_from_scalars",
-        "writes",
-    )
-
-    def __init__(self, op: Any) -> None:
-        schema = op._schema
-        self.op = op
-        self.name = f"{schema.name}.{schema.overload_name or 'default'}"
-        self.positional_names = [a.name for a in schema.arguments if not a.kwarg_only]
-        self.argument_names = frozenset(a.name for a in schema.arguments)
-        # return index -> name of the argument it writes through (in-place / out=)
-        self.writes: dict[int, str] = {}
-        for j, r in enumerate(schema.returns):
-            if r.alias_info is not None and r.alias_info.is_write:
-                for a in schema.arguments:
-                    if (
-                        a.alias_info is not None
-                        and a.alias_info.before_set == r.alias_info.before_set
-                    ):
-                        self.writes[j] = a.name
-        self.returns_tensor = [str(r.type).startswith("Tensor") for r in schema.returns]
-        returned: set[str] = set()
-        for r in schema.returns:
-            if r.alias_info is not None:
-                returned |= set(r.alias_info.before_set)
-        # Arguments written but not returned (running stats, in-place foreach lists).
-        self.mutated = frozenset(
-            a.name
-            for a in schema.arguments
-            if a.alias_info is not None
-            and a.alias_info.is_write
-            and not set(a.alias_info.before_set) & returned
-        )
-        # Ops whose output shape depends on the values of float arguments: those values
-        # are part of the signature (the executable still takes them at run time).
-        self.shape_from_scalars = schema.name in _SHAPE_FROM_SCALARS
-        self.handler: Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any] = _SPECIAL.get(
-            self.name, _view if _is_view(schema) else run_op
-        )
-
-
-def _is_view(schema: Any) -> bool:
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-
-
-_SPECS: dict[Any, OpSpec] = {}
-_SHAPE_FROM_SCALARS = {"aten::arange", "aten::range", "aten::linspace", "aten::logspace"}
+_READY: dict[Any, OpSpec] = {}  # op -> its spec, with the handler that runs it here
 
 
 def kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     """The PrivateUse1 kernel of every ATen op (fallback and direct registrations)."""
-    spec = _SPECS.get(op)
+    spec = _READY.get(op)
     if spec is None:
-        spec = _SPECS[op] = OpSpec(op)
+        spec = _READY[op] = OpSpec(op)
+        spec.handler = _SPECIAL.get(spec.name, _view if spec.is_view else run_op)
     if shapes.active is not None:  # NEURON_RECORD_SHAPES
         shapes.active.add(spec.name, signature(spec, args, kwargs)[0], args, kwargs)
-    return spec.handler(spec, args, kwargs)
+    return spec.handler(spec, args, kwargs)  # type: ignore[misc]
 
 
 def _view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -201,7 +144,7 @@ def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _execute(rt, spec, entry, tensors, scalars)
 
 
-def _verify(entry: runtime.Entry, made: list[Tensor]) -> None:
+def _verify(entry: Entry, made: list[Tensor]) -> None:
     """A signature's first run: do the tensors it made have the metadata the Meta kernels
     gave (what adaptive mode hands out before running anything)? If not, it is never
     recorded: it runs on its own, as here."""
@@ -216,19 +159,14 @@ def _verify(entry: runtime.Entry, made: list[Tensor]) -> None:
 def _execute(
     rt: runtime.Runtime,
     spec: OpSpec,
-    entry: runtime.Entry,
+    entry: Entry,
     tensors: list[Tensor],
     scalars: list[Any],
 ) -> Any:
     inputs = [t if t.is_cpu else rt.host_alias(t) for t in tensors]
     for index in entry.out_args:  # the CPU kernel may resize out=: give it a CPU tensor
         inputs[index] = torch.empty(0, dtype=tensors[index].dtype)
-    blocks = []
-    for kind, size in entry.returns:
-        if kind == "fresh":
-            blocks.append(rt.allocate(size))
-        elif kind == "list":
-            blocks.extend(rt.allocate(n) for n in size)
+    blocks = [rt.allocate(n) for r in entry.returns for n in r.sizes]
     try:
         outs = entry.loaded.run(inputs, scalars, rt.generator)
     except ExecutionError as e:
@@ -247,18 +185,19 @@ def _execute(
     made: list[Tensor] = []
     next_block = iter(blocks)
     flat = iter(outs)  # the executable's outputs, lists flattened
-    for kind, size in entry.returns:
-        if kind == "fresh":
+    for r in entry.returns:
+        kind = r.kind
+        if kind is FRESH:
             made.append(_adopt(rt, next(flat), next(next_block), entry.dynamic))
             results.append(made[-1])
-        elif kind == "list":
-            items = [_adopt(rt, next(flat), next(next_block), entry.dynamic) for _ in size]
+        elif kind is LIST:
+            items = [_adopt(rt, next(flat), next(next_block), entry.dynamic) for _ in r.sizes]
             made.extend(items)
             results.append(items)
-        elif kind == "write":
+        elif kind is WRITE:
             next(flat)
-            results.append(tensors[size])
-        elif kind == "none":
+            results.append(tensors[r.arg])
+        elif kind is NONE:
             next(flat)
             results.append(None)
         else:  # a Python value: the host needed the device's answer
@@ -307,46 +246,13 @@ def _meta_outputs(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return out, False
 
 
-def tensor_type(t: Tensor) -> TensorType:
-    return TensorType(tuple(t.shape), tuple(t.stride()), dtypes.from_name(str(t.dtype)), 0)
-
-
-_DYNAMIC = TensorType((-1,), (1,), graph_pb2.FLOAT32)
-
-
-def _graph_arg(value: Any, inputs: list[TensorType], counter: list[int]) -> ArgValue:
-    if isinstance(value, Tensor):
-        inputs.append(tensor_type(value))
-        return Value(None, len(inputs) - 1)
-    if type(value) is float:
-        counter[0] += 1
-        return ScalarInput(counter[0] - 1)
-    if isinstance(value, (list, tuple)):
-        return tuple(_graph_arg(v, inputs, counter) for v in value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value  # type: ignore[no-any-return]
-    if isinstance(value, torch.dtype):
-        return DTypeArg(dtypes.from_name(str(value)))
-    if isinstance(value, torch.device):
-        check_device_index(value)
-        return DeviceArg(value.type)
-    if isinstance(value, torch.memory_format):
-        return MemoryFormatArg(_MEMORY_FORMATS[value])
-    if isinstance(value, torch.layout):
-        return LayoutArg(_LAYOUTS[value])
-    raise UnsupportedArgumentError(
-        f"an argument of type {type(value).__name__} ({value!r}) cannot be passed to a neuron "
-        f"op yet; convert it to a tensor or a Python number"
-    )
-
-
 def _build(
     rt: runtime.Runtime,
     spec: OpSpec,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     tensors: list[Tensor],
-) -> runtime.Entry:
+) -> Entry:
     _check_devices(spec, tensors)
     meta_out, dynamic = _meta_outputs(spec, args, kwargs)
     inputs: list[TensorType] = []
@@ -357,13 +263,13 @@ def _build(
         name = spec.positional_names[i] if i < len(spec.positional_names) else f"arg{i}"
         if isinstance(value, Tensor):
             arg_tensor_index[name] = len(inputs)
-        named.append((name, _graph_arg(value, inputs, counter)))
+        named.append((name, graph_arg(value, inputs, counter)))
     for name, value in kwargs.items():
         if isinstance(value, Tensor):
             arg_tensor_index[name] = len(inputs)
-        named.append((name, _graph_arg(value, inputs, counter)))
+        named.append((name, graph_arg(value, inputs, counter)))
     arg_position = {name: i for i, (name, _) in enumerate(named)}
-    returns: list[tuple[str, Any]] = []
+    returns: list[Return] = []
     out_types: list[TensorType] = []
     aliases: list[Alias] = []
     out_args: list[int] = []
@@ -373,27 +279,27 @@ def _build(
         meta = meta_out[j] if meta_out is not None and j < len(meta_out) else None
         if j in spec.writes and spec.writes[j] in arg_tensor_index:
             index = arg_tensor_index[spec.writes[j]]
-            returns.append(("write", index))
+            returns.append(Return.written(index))
             aliases.append(Alias(len(out_types), arg_position[spec.writes[j]], writes=True))
             if spec.writes[j] in kwargs:  # out=: kwarg-only in every schema
                 out_args.append(index)
             out_types.append(tensor_type(meta) if isinstance(meta, Tensor) else inputs[index])
         elif isinstance(meta, (list, tuple)):
-            returns.append(("list", [tensor_type(m).nbytes for m in meta]))
+            returns.append(Return.items([tensor_type(m).nbytes for m in meta]))
             out_types.extend(tensor_type(m) for m in meta)
             fresh.extend(_meta_of(m) for m in meta)
         elif isinstance(meta, Tensor):
-            returns.append(("fresh", tensor_type(meta).nbytes))
+            returns.append(Return.fresh(tensor_type(meta).nbytes))
             out_types.append(tensor_type(meta))
             fresh.append(_meta_of(meta))
         elif spec.returns_tensor[j] and not dynamic:
-            returns.append(("none", None))  # an optional output the op did not produce
-            out_types.append(_DYNAMIC)
+            returns.append(Return(NONE))  # an optional output the op did not produce
+            out_types.append(DYNAMIC)
         elif spec.returns_tensor[j]:
-            returns.append(("fresh", 0))  # data-dependent: sized after the run
-            out_types.append(_DYNAMIC)
+            returns.append(Return.fresh(0))  # data-dependent: sized after the run
+            out_types.append(DYNAMIC)
         else:
-            returns.append(("value", None))
+            returns.append(Return(VALUE))
     node = Node(
         spec.name if "::" in spec.name else f"aten::{spec.name}",
         tuple(named),
@@ -413,15 +319,13 @@ def _build(
     fusible = (
         not dynamic
         and not out_args
-        and all(kind in ("fresh", "list", "write", "none") for kind, _ in returns)
+        and all(r.kind is not VALUE for r in returns)
         and op_table.fusible(node.op)
         # Random ops without a generator argument draw from the CPU's global generator when
         # they run: recording would move that draw. (The others get the device generator.)
         and not (op_table.is_random(node.op) and "generator" not in spec.argument_names)
     )
-    return runtime.Entry(
-        rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible
-    )
+    return Entry(rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible)
 
 
 # Ops that take CPU tensors next to device tensors on CUDA too: indices (moved by the op),

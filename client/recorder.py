@@ -26,6 +26,17 @@ from typing import Any
 import torch
 from trnsim.client.errors import execution_error, user_frame
 from trnsim.client.memory import to_device
+from trnsim.client.ops import (
+    FRESH,
+    LIST,
+    NONE,
+    NOT_RECORDED,
+    Entry,
+    OpSpec,
+    flat_returns,
+    graph_arg,
+    spec_for,
+)
 from trnsim.compiler.graph import (
     Alias,
     ArgValue,
@@ -43,7 +54,6 @@ from trnsim.simulator import dtypes, execute
 from trnsim.simulator.execute import ExecutionError
 
 log = logging.getLogger(__name__)
-NOT_RECORDED = object()
 Tensor = torch.Tensor
 _use_count = torch._C._storage_Use_Count
 _getrefcount = sys.getrefcount
@@ -64,7 +74,7 @@ class ViewCall:
     """A recorded view: the call with its tensors replaced by TENSOR, and each output's
     (sizes, strides, storage offset, dtype)."""
 
-    spec: Any  # dispatch.OpSpec
+    spec: OpSpec
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     types: tuple[tuple[Any, ...], ...]
@@ -91,7 +101,7 @@ class RecOp:
     # Where this op's floats start among the graph's scalars: the node is built from these
     # only when a fused compile is asked for.
     scalar_offset: int
-    entry: Any  # runtime.Entry (None for views)
+    entry: Entry | None  # (None for views)
     scalars: list[Any]
     storages: list[Any]  # the device storage of each new tensor (held, not its tensor)
     hosts: list[Tensor]  # the CPU tensors whose memory those storages are
@@ -101,6 +111,7 @@ class RecOp:
     def node(self) -> Node:
         if self.view is not None:
             return _view_node(self)
+        assert self.entry is not None and self.entry.node is not None  # (recorded: fusible)
         wiring = {Value(None, k): v for k, v in enumerate(self.wiring)}
         return _shift_scalars(remap_node(self.entry.node, wiring), self.scalar_offset)
 
@@ -286,25 +297,26 @@ class Recorder:
         results: list[Any] = []
         made = iter(outputs)
         j = 0
-        for kind, size in entry.returns:
-            if kind == "fresh":
+        for r in entry.returns:
+            kind = r.kind
+            if kind is FRESH:
                 t = next(made)
                 self._define(t, Value(i, j))
                 results.append(t)
                 j += 1
-            elif kind == "list":
+            elif kind is LIST:
                 items = []
-                for _ in size:
+                for _ in r.sizes:
                     t = next(made)
                     self._define(t, Value(i, j))
                     items.append(t)
                     j += 1
                 results.append(items)
-            elif kind == "none":
+            elif kind is NONE:
                 results.append(None)
                 j += 1
             else:  # write: the argument itself, now holding this node's result
-                written = tensors[size]
+                written = tensors[r.arg]
                 self._name(written, Value(i, j))
                 ptr = written.untyped_storage().data_ptr()
                 if ptr in self.storages:
@@ -391,24 +403,26 @@ class Recorder:
         seen = iter(observable)
         for i, op in enumerate(ops):
             args = [input_hosts[v.index] if v.node is None else env[v] for v in op.wiring]
+            entry = op.entry
             try:
-                if op.view is not None:  # no launch: a view is metadata
+                if entry is None:  # a view: no launch, only metadata
+                    assert op.view is not None
                     for j, out in enumerate(op.view.run(args)):
                         env[Value(i, j)] = out
                     continue
-                results = op.entry.loaded.run(args, op.scalars, rt.generator)
+                results = entry.loaded.run(args, op.scalars, rt.generator)
                 made = iter(op.hosts)
-                kinds = _flat_kinds(op.entry.returns)
+                kinds = flat_returns(entry.returns)
                 if len(kinds) != len(results):
                     raise RuntimeError(f"{len(results)} results where {len(kinds)} were recorded")
-                for j, ((kind, _), result) in enumerate(zip(kinds, results, strict=True)):
-                    if kind == "fresh":
+                for j, (r, result) in enumerate(zip(kinds, results, strict=True)):
+                    if r.kind is FRESH:
                         result = _settle(next(made), result, next(seen))
                     env[Value(i, j)] = result
             except Exception as e:  # noqa: BLE001  (named with the op and its source line)
                 cause = e.cause if isinstance(e, ExecutionError) else e
                 raise _located(op, cause, ops) from cause
-            rt.launch(op.entry.loaded)
+            rt.launch(entry.loaded)
             counts["op_by_op_ops"] += 1
 
     def _run_fused(
@@ -604,34 +618,18 @@ def _view_node(op: RecOp) -> Node:
     return Node(spec.name, tuple(named), types, tuple(Alias(j, 0) for j in range(len(types))))
 
 
-def _as_strided_spec() -> Any:
-    from trnsim.client.dispatch import _SPECS, OpSpec
-
-    op = torch.ops.aten.as_strided.default
-    spec = _SPECS.get(op)
-    if spec is None:
-        spec = _SPECS[op] = OpSpec(op)
-    return spec
+def _as_strided_spec() -> OpSpec:
+    return spec_for(torch.ops.aten.as_strided.default)
 
 
 def _geometry(t: Tensor, storage_ptr: int) -> tuple[Any, ...]:
     return (storage_ptr, t.shape, t.stride(), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg())
 
 
-def _fresh_slots(entry: Any) -> list[int]:
+def _fresh_slots(entry: Entry) -> list[int]:
     """The node output index of each new tensor the op makes (in-place results and absent
     optional outputs take output slots too)."""
-    return [j for j, (kind, _) in enumerate(_flat_kinds(entry.returns)) if kind == "fresh"]
-
-
-def _flat_kinds(returns: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for kind, size in returns:
-        if kind == "list":
-            out.extend(("fresh", n) for n in size)
-        else:
-            out.append((kind, size))
-    return out
+    return [j for j, r in enumerate(flat_returns(entry.returns)) if r.kind is FRESH]
 
 
 def _shift_scalars(node: Node, offset: int) -> Node:
@@ -650,13 +648,11 @@ def _shift_scalars(node: Node, offset: int) -> Node:
 
 def _constant(value: Any) -> ArgValue:
     """A view op's non-tensor argument, as the graph carries it (floats stay constants)."""
-    from trnsim.client.dispatch import _graph_arg
-
     if isinstance(value, float):
         return value
     if isinstance(value, (list, tuple)):
         return tuple(_constant(v) for v in value)
-    return _graph_arg(value, [], [0])
+    return graph_arg(value, [], [0])
 
 
 def _op_named(ops: list[RecOp], name: str) -> RecOp:

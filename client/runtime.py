@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,8 +13,9 @@ from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.errors import compile_error, out_of_memory
 from trnsim.client.memory import to_host_alias
 from trnsim.client.metrics import Metrics
+from trnsim.client.ops import Entry
 from trnsim.compiler import CompileError, cache_key
-from trnsim.compiler.graph import Graph, Node, to_proto
+from trnsim.compiler.graph import Graph, to_proto
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import cost_model, execute
 from trnsim.simulator.config import Target, get_target
@@ -23,40 +23,6 @@ from trnsim.simulator.device import Timeline
 from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
 
 DEFAULT_SEED = 67280421310721  # PyTorch's default seed for device generators
-
-
-@dataclass
-class Entry:
-    """What the runtime memoises per op signature: the loaded executable and how to turn its
-    CPU results into the op's return value (output metadata included)."""
-
-    loaded: execute.LoadedExecutable
-    returns: list[
-        tuple[str, Any]
-    ]  # ("fresh", nbytes) | ("list", [nbytes]) | ("write", i) | ("value", None)
-    dynamic: bool  # output shape depends on data: a sync point
-    out_args: list[int]  # tensor indices of out= arguments (computed on the CPU, copied back)
-    # The op as a graph node (inputs Value(None, k) = k-th tensor argument, ScalarInput(s) =
-    # s-th float) and the metadata of each new output: what the recorder needs.
-    node: Node | None = None
-    fresh: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = field(default_factory=list)
-    fusible: bool = False
-    # Its outputs were checked on a real run against `fresh` (the Meta kernels' metadata,
-    # which recording hands out before anything runs); a mismatch makes it unfusible.
-    verified: bool = False
-
-    # nbytes when the op returns one new tensor of known size (the hot case), else None.
-    one_fresh_output: int | None = field(init=False)
-    fresh_nbytes: int = field(init=False)  # bytes of all the new tensors it makes
-
-    def __post_init__(self) -> None:
-        simple = len(self.returns) == 1 and self.returns[0][0] == "fresh" and not self.dynamic
-        self.one_fresh_output = int(self.returns[0][1]) if simple else None
-        self.fresh_nbytes = sum(
-            int(size) if kind == "fresh" else sum(size)
-            for kind, size in self.returns
-            if kind in ("fresh", "list")
-        )
 
 
 class Runtime:
