@@ -177,8 +177,11 @@ def run_signature(sig: Signature, mode: str) -> Outcome:
 
 
 def _line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+    """The error in one line; a comparison keeps its details (how many elements differ, the
+    greatest difference and where)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    kept = lines[:4] if isinstance(e, AssertionError) else lines[:1]
+    return f"{type(e).__name__}: {'; '.join(line[:200] for line in kept)}"
 
 
 def run_all(signatures: Sequence[Signature], modes: Sequence[str]) -> dict[str, list[Outcome]]:
