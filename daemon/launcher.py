@@ -195,7 +195,10 @@ def ensure_daemon(
             info = get_info(address, timeout=0.5)
             if info is not None:
                 return info
-            if proc.poll() is not None:
+            if proc.poll() is not None:  # (unless another daemon took the socket meanwhile)
+                info = get_info(address, timeout=0.5)
+                if info is not None:
+                    return info
                 raise DaemonStartError(proc.returncode, _last_line(log_file, start), log_file)
             time.sleep(0.05)
     return None
