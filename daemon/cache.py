@@ -131,6 +131,7 @@ class ExecutableCache:
         self.memory = MemoryLRU(memory_bytes)
         fresh = not (directory / "cache.db").exists()
         self.disk, replaced = self._open_intact()
+        self._db_id = self._db_identity()
         fresh = fresh or replaced
         self.disk_counters = TierCounters()
         self.corrupt = 0
@@ -177,11 +178,26 @@ class ExecutableCache:
                 os.replace(journal, aside.with_name(aside.name + suffix))
         log.warning("disk cache %s: cache.db is damaged (%s), moved to %s", db.parent, error, aside)
 
+    def _db_identity(self) -> tuple[int, int] | None:
+        """The open database file as (device, inode); None when cache.db is not there."""
+        try:
+            st = os.stat(self.directory / "cache.db")
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
     def _disk(self, call: Any, default: Any) -> Any:
         """A disk-tier operation, one at a time; whatever makes it fail (read-only, full,
         deleted or garbled database, a bug in diskcache) is logged and counted, `default`
-        stands in, and the tier is reopened when its database is gone or in doubt."""
+        stands in, and the tier is reopened when its database is gone or in doubt.
+
+        A cache.db deleted or replaced under the daemon raises nothing (SQLite goes on
+        writing to the unlinked file, lost at exit), so each operation first checks that the
+        file at the path is still the one open (one stat) and reopens the tier if not."""
         with self._disk_lock:
+            if self._db_identity() != self._db_id:
+                log.warning("disk cache %s: cache.db was deleted or replaced", self.directory)
+                self._reopen()
             try:
                 return call()
             except Exception as e:  # noqa: BLE001  (the disk tier is a cache: it may fail)
@@ -207,6 +223,7 @@ class ExecutableCache:
         transaction of the old one is rolled back with it. The memory tier is kept."""
         try:
             old, self.disk = self.disk, self._open_intact()[0]
+            self._db_id = self._db_identity()
             old.close()
             log.warning("disk cache %s reopened", self.directory)
         except Exception as e:  # noqa: BLE001

@@ -105,6 +105,26 @@ def test_a_damaged_database_is_moved_aside(tmp_path):
         c.close()
 
 
+def test_a_cache_db_deleted_under_an_open_cache_is_made_again(tmp_path):
+    """SQLite raises nothing when its file is unlinked (it writes on to the deleted inode):
+    the cache notices by the file, makes a new cache.db, and what it keeps next lasts."""
+    directory = tmp_path / "executables"
+    c = ExecutableCache(directory, memory_bytes=1 << 20, disk_bytes=1 << 24)
+    try:
+        c.put(KEY_A, _blob(KEY_A))
+        (directory / "cache.db").unlink()
+        c.put(KEY_B, _blob(KEY_B))
+        assert (directory / "cache.db").exists()
+    finally:
+        c.close()
+    again = ExecutableCache(directory, memory_bytes=1 << 20, disk_bytes=1 << 24)
+    try:
+        assert again.get(KEY_B) == (_blob(KEY_B), svc.DISK)
+        assert again.get(KEY_A) is None, "lost with the deleted file: a cache loses entries"
+    finally:
+        again.close()
+
+
 # -- the in-flight table ---------------------------------------------------------------------------
 def _waiter(stream: int, request_id: int, got: list[svc.CompileResult], priority=svc.BLOCKING):  # type: ignore[no-untyped-def]
     return Waiter(stream, request_id, priority, got.append)
