@@ -8,3 +8,10 @@ def _autoload() -> None:
     from trnsim.client import backend
 
     backend.register()
+
+
+# torch now (after _autoload, which it calls): `import torch` registers the device, and that
+# imports modules of this package. A program whose first import is one of them (`from
+# trnsim.client.shapes import load`) would otherwise be half-imported when register() asks
+# for it, and the device would fail to load.
+import torch  # noqa: F401

@@ -19,6 +19,13 @@ def test_bare_import_torch_registers_neuron():
     assert out.stdout.split() == ["neuron:0", "True"]
 
 
+@pytest.mark.parametrize("first", ["shapes", "registry", "recorder", "dispatch"])
+def test_a_program_may_import_a_client_module_before_torch(first):
+    code = f"from trnsim.client import {first}; import torch; print(torch.ones(2, device='neuron').sum().item())"
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "2.0", out.stderr[-2000:]
+
+
 def test_registration_does_not_import_dynamo():
     code = "import sys, torch; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
