@@ -8,13 +8,14 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from trnsim.daemon import wire
 from trnsim.daemon.config import ConfigError, DaemonConfig, ensure_private_dir, socket_path
-from trnsim.daemon.service import CompileService
+from trnsim.daemon.service import CompileService, build_service
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = wire.SERVICE
@@ -45,11 +46,22 @@ def _answers(path: Path) -> bool:
         s.close()
 
 
+@dataclass
+class Bound:
+    """A daemon's server, bound and not yet started, with what it serves."""
+
+    server: grpc.aio.Server
+    address: str  # the address bound (a TCP port chosen when :0 was asked)
+    service: CompileService
+    health: health.aio.HealthServicer
+
+
 def create_server(
-    address: str, config: DaemonConfig
-) -> tuple[grpc.aio.Server, str, CompileService, health.aio.HealthServicer]:
-    """A bound, not yet started, asyncio server for address ("unix:/path" or "host:port").
-    Call from inside the event loop that will run it."""
+    address: str, config: DaemonConfig, service: CompileService | None = None
+) -> Bound:
+    """A bound, not yet started, asyncio server for address ("unix:/path" or "host:port"),
+    serving `service` (by default build_service(config): the daemon's own cache and worker
+    processes). Call from inside the event loop that will run it."""
     path = socket_path(address)
     if path is not None:
         _prepare_socket(path, config.system)
@@ -62,7 +74,7 @@ def create_server(
     config.address = address
     if not config.cache_dir.exists():  # (an existing one, shared maybe, keeps its mode)
         ensure_private_dir(config.cache_dir)
-    service = CompileService(config)
+    service = service or build_service(config)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", config.max_request_bytes),
@@ -77,7 +89,7 @@ def create_server(
     if path is None and port == 0:
         raise ConfigError(f"could not listen on {address}")
     bound = address if path is not None else f"{address.rsplit(':', 1)[0]}:{port}"
-    return server, bound, service, health_servicer
+    return Bound(server, bound, service, health_servicer)
 
 
 def notify_systemd(message: str) -> None:
@@ -93,13 +105,14 @@ def notify_systemd(message: str) -> None:
 
 
 async def _serve(config: DaemonConfig) -> int:
-    server, bound, service, health_servicer = create_server(config.address, config)
+    bound = create_server(config.address, config)
+    server, service, health_servicer = bound.server, bound.service, bound.health
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    socket_file = socket_path(bound)
+    socket_file = socket_path(bound.address)
     if socket_file is not None:
         os.chmod(socket_file, 0o660 if config.system else 0o600)
     for name in ("", SERVICE_NAME):
@@ -107,10 +120,10 @@ async def _serve(config: DaemonConfig) -> int:
     log.info(
         "trnsim compile daemon %s listening on %s (%d workers)",
         service.version,
-        bound,
+        bound.address,
         config.workers,
     )
-    notify_systemd("READY=1\nSTATUS=listening on " + bound)
+    notify_systemd("READY=1\nSTATUS=listening on " + bound.address)
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), timeout=0.5)

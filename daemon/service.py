@@ -9,9 +9,9 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from trnsim import compiler
@@ -20,7 +20,7 @@ from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import DaemonConfig
 from trnsim.daemon.inflight import InFlight, Job, Waiter
 from trnsim.daemon.wire import Undecodable
-from trnsim.daemon.workers import WorkerPool
+from trnsim.daemon.workers import Done, WorkerPool
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos.blobs import blob_ok
@@ -57,17 +57,37 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class Pool(Protocol):
+    """What the service needs of its compile pool: workers that take jobs from the in-flight
+    table and hand each result to the service (workers.WorkerPool: one process each)."""
+
+    size: int
+    restarts: int
+
+    def alive(self) -> int: ...
+
+    def stop(self, wait_s: float = 5.0) -> None: ...
+
+
+# Starts a pool on the service's in-flight table, reporting each result to `done`.
+StartPool = Callable[[InFlight, Done], Pool]
+
+
 class CompileService(svc_grpc.CompileServiceServicer):
-    def __init__(self, config: DaemonConfig) -> None:
+    """The RPCs over injected parts: the executable cache, the in-flight table, and a pool
+    started on that table (build_service() makes the daemon's own; tests pass fakes)."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        cache: ExecutableCache,
+        inflight: InFlight,
+        start_pool: StartPool,
+    ) -> None:
         self.config = config
         self.version = compiler.compiler_version()
-        self.cache = ExecutableCache(
-            config.cache_dir / "executables",
-            config.memory_cache_bytes,
-            config.disk_cache_bytes,
-            tag=self.version,
-        )
-        self.inflight = InFlight()
+        self.cache = cache
+        self.inflight = inflight
         self.stats = Stats()
         self.started = time.time()
         self.last_activity = time.monotonic()
@@ -75,10 +95,8 @@ class CompileService(svc_grpc.CompileServiceServicer):
         self._streams = 0
         self._stream_ids = itertools.count(1)
         self._lock = threading.Lock()
-        self.pool = WorkerPool(
-            config.workers, self.inflight, self._compiled, config.compile_timeout_s
-        )
         self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="daemon-io")
+        self.pool = start_pool(inflight, self._compiled)
 
     # -- Compile: a bidirectional stream per client process -------------------------------------
     async def Compile(
@@ -216,8 +234,9 @@ class CompileService(svc_grpc.CompileServiceServicer):
         self, stream: int, request: svc.CompileRequest, deliver: Any, key: str | None = None
     ) -> None:
         """A request the memory tier did not answer; `key`, when the event loop already
-        hashed its graph (which is validated here all the same)."""
-        error = self._check(request)
+        hashed its graph after checking its versions (the graph is validated here all the
+        same)."""
+        error = self._check(request) if key is None else None
         if error is not None:
             self.stats.failure(error.error_class)
             deliver(svc.CompileResult(id=request.id, error=error))
@@ -444,6 +463,22 @@ class CompileService(svc_grpc.CompileServiceServicer):
         self.pool.stop()
         self._io.shutdown(wait=True)
         self.cache.close()
+
+
+def build_service(config: DaemonConfig) -> CompileService:
+    """The daemon's own parts: the cache in config.cache_dir, worker processes."""
+    version = compiler.compiler_version()
+    cache = ExecutableCache(
+        config.cache_dir / "executables",
+        config.memory_cache_bytes,
+        config.disk_cache_bytes,
+        tag=version,
+    )
+
+    def start_pool(inflight: InFlight, done: Done) -> Pool:
+        return WorkerPool(config.workers, inflight, done, config.compile_timeout_s)
+
+    return CompileService(config, cache, InFlight(), start_pool)
 
 
 def _error_result(request_id: int, error_class: int, message: str) -> svc.CompileResult:

@@ -359,7 +359,7 @@ def test_a_huge_graph_is_hashed_off_the_event_loop(short_tmp, monkeypatch):
     from trnsim.daemon.config import DaemonConfig
 
     config = DaemonConfig(cache_dir=short_tmp / "cache", workers=1)
-    service = service_module.CompileService(config)
+    service = service_module.build_service(config)
     try:
         hashed: list[int] = []
         real = service_module.compiler.cache_key_from_proto
@@ -389,7 +389,7 @@ def test_requests_of_a_closed_stream_or_cancelled_on_their_way_start_no_compile(
     from trnsim.daemon import service as service_module
     from trnsim.daemon.config import DaemonConfig
 
-    service = service_module.CompileService(DaemonConfig(cache_dir=short_tmp / "c", workers=1))
+    service = service_module.build_service(DaemonConfig(cache_dir=short_tmp / "c", workers=1))
     answers: list[svc.CompileResult] = []
     try:
         service.inflight.open_stream(1)
