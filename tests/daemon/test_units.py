@@ -1,17 +1,22 @@
 """The daemon's parts on their own, in process: the executable cache (memory LRU over a
-real diskcache in a temporary directory) and the in-flight table (one job per key, waiters,
-priorities, withdrawals, closed streams)."""
+real diskcache in a temporary directory), the in-flight table (one job per key, waiters,
+priorities, withdrawals, closed streams) and the worker pool (real worker processes)."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
+import psutil
 import pytest
 from trnsim.daemon.cache import ExecutableCache, MemoryLRU
 from trnsim.daemon.inflight import InFlight, Waiter
+from trnsim.daemon.workers import WorkerPool
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos.blobs import make_blob
+
+from .helpers import request
 
 KEY_A, KEY_B, KEY_C = ("a" * 64, "b" * 64, "c" * 64)
 
@@ -219,3 +224,60 @@ def test_next_job_wakes_when_work_arrives_and_when_the_table_closes():
     table.close()
     closer.join(timeout=30)
     assert jobs[1] is None
+
+
+# -- the worker pool (real worker processes, no server) --------------------------------------------
+def _pool(size: int = 1, timeout_s: float = 60.0):  # type: ignore[no-untyped-def]
+    table = InFlight()
+    return table, WorkerPool(size, table, table.finish, timeout_s)
+
+
+def _wait(condition, what: str, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
+        time.sleep(0.05)
+
+
+def _compile_job(table: InFlight, key: str, got: list[svc.CompileResult], **options) -> None:  # type: ignore[no-untyped-def]
+    req = request(1, **options)
+    table.submit(key, req, _waiter(1, len(got), got))
+
+
+def test_the_pool_compiles_and_replaces_a_worker_that_died_idle():
+    table, pool = _pool()
+    table.open_stream(1)
+    got: list[svc.CompileResult] = []
+    try:
+        _compile_job(table, KEY_A, got)
+        _wait(lambda: len(got) == 1, "the first compile")
+        assert got[0].WhichOneof("outcome") == "executable"
+        workers = [
+            p
+            for p in psutil.Process().children()
+            if "trnsim.daemon.worker" in " ".join(p.cmdline())
+        ]
+        assert len(workers) == 1
+        workers[0].kill()
+        _wait(lambda: pool.restarts == 1, "the idle worker's death noticed")
+        _compile_job(table, KEY_B, got)
+        _wait(lambda: len(got) == 2, "a compile on the new worker")
+        assert got[1].WhichOneof("outcome") == "executable" and pool.alive() == 1
+    finally:
+        pool.stop()
+
+
+def test_a_job_that_kills_its_worker_twice_is_answered_transient_and_one_over_time_timeout():
+    table, pool = _pool(timeout_s=1.0)
+    table.open_stream(1)
+    got: list[svc.CompileResult] = []
+    try:
+        _compile_job(table, KEY_A, got, debug_crash_worker=True)
+        _wait(lambda: len(got) == 1, "the crashing job answered")
+        assert got[0].error.error_class == svc.TRANSIENT and "died twice" in got[0].error.message
+        _compile_job(table, KEY_B, got, debug_sleep_ms=5000)
+        _wait(lambda: len(got) == 2, "the slow job answered")
+        assert got[1].error.error_class == svc.TIMEOUT
+        assert pool.restarts == 3 and pool.alive() == 1  # two crashes and a kill, all replaced
+    finally:
+        pool.stop()
