@@ -117,7 +117,10 @@ def register() -> None:
         bits.impl("_copy_from", torch.library.fallthrough_kernel, key)
     _state["bits"] = bits
     torch.serialization.register_package(11, _tag, _restore)
-    from trnsim.client import ties
+    from trnsim.client import (
+        recorder,  # noqa: F401  (registers adaptive mode with the runtime)
+        ties,
+    )
 
     ties.install()  # .to("neuron") keeps tied weights tied
     from trnsim.client import accelerator

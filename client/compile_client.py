@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -33,7 +32,7 @@ MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/serv
 # safety net against a mute daemon (every request is answered). Past the daemon's own compile
 # limit (600 s, daemon/config.py) with a margin, so a slow graph gets the daemon's TIMEOUT
 # rather than a second compile here.
-ANSWER_DEADLINE_S = float(os.environ.get(env.NEURON_COMPILE_DEADLINE, "660"))
+ANSWER_DEADLINE_S = env.compile_deadline_s()
 # Errors that mean "the daemon could not do it", not "this graph cannot be compiled". A
 # TIMEOUT is not among them: the graph ran over the daemon's limit, and compiling it here
 # would hold this process as long.
@@ -409,7 +408,7 @@ def expected_key(
 def make_client() -> CompileClient:
     """NEURON_COMPILE_DAEMON: unset/auto = the host's daemon (started if none answers),
     off = in process, anything else = that daemon's address."""
-    setting = os.environ.get(env.NEURON_COMPILE_DAEMON, "auto").strip() or "auto"
+    setting = env.compile_daemon()
     if setting == "off":
         return InProcessCompileClient()
     if setting == "auto":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -213,7 +214,9 @@ class Stream:
 
 
 _default = Stream(_id=0)
-_current: list[Stream] = [_default]
+# The current stream is the runtime's (rt.stream, an id: what launches go to). These are the
+# Stream objects behind the ids, so that current_stream() gives back the one that was set.
+_streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary({0: _default})
 
 
 def default_stream(device: Any = None) -> Stream:
@@ -221,11 +224,15 @@ def default_stream(device: Any = None) -> Stream:
 
 
 def current_stream(device: Any = None) -> Stream:
-    return _current[-1]
+    stream_id = runtime.get().stream
+    s = _streams.get(stream_id)
+    if s is None:  # (its object was dropped while current: an equal one stands in)
+        s = _streams[stream_id] = Stream(_id=stream_id)
+    return s
 
 
 def set_stream(stream: Stream) -> None:
-    _current[-1] = stream
+    _streams[stream.stream_id] = stream
     runtime.get().stream = stream.stream_id
 
 
@@ -235,14 +242,9 @@ def stream(s: Stream | None) -> Iterator[Stream | None]:
     if s is None:
         yield s
         return
-    rt = runtime.get()
-    _current.append(s)
-    previous, rt.stream = rt.stream, s.stream_id
-    try:
+    _streams[s.stream_id] = s
+    with runtime.get().on_stream(s.stream_id):
         yield s
-    finally:
-        _current.pop()
-        rt.stream = previous
 
 
 class Event:

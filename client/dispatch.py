@@ -66,7 +66,7 @@ def _view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     rt.metrics.counts["ops_dispatched"] += 1
     rt.metrics.counts["view_ops"] += 1
     result = spec.op.redispatch(META, *args, **kwargs)
-    if rt.recorder is not None and rt.recorder.ops:
+    if rt.recorder is not None and rt.recorder.pending:
         rt.recorder.view(spec, args, kwargs, result)
     return result
 

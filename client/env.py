@@ -1,4 +1,7 @@
-"""Every environment variable trnsim reads, with its default and meaning (DESIGN.md section 7)."""
+"""Every environment variable the client reads, with its default and meaning (DESIGN.md
+section 7), read here and nowhere else in client/. The daemon's own (NEURON_CACHE_DIR,
+XDG_RUNTIME_DIR, XDG_CACHE_HOME, TRNSIM_ALLOW_TCP, and systemd's CACHE_DIRECTORY and
+NOTIFY_SOCKET) are read in daemon/config.py: the daemon imports nothing of the client."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ from dataclasses import dataclass
 NEURON_SIM_TARGET = "NEURON_SIM_TARGET"  # trn1 | trn2 (default trn2): the simulated chip
 NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
 NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issue: daemon)
-NEURON_CACHE_DIR = "NEURON_CACHE_DIR"  # on-disk executable cache (daemon)
 NEURON_COMPILE_DEADLINE = "NEURON_COMPILE_DEADLINE"  # s a compile waits for the daemon (660)
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
 NEURON_PROFILE = "NEURON_PROFILE"  # trace path (profiler)
@@ -51,6 +53,35 @@ def _core() -> int:
     if not rank.isdigit():
         raise ConfigError(f"{LOCAL_RANK}={rank!r} is not a number")
     return int(rank)
+
+
+def compile_daemon() -> str:
+    """NEURON_COMPILE_DAEMON: "auto" (unset: the host's daemon, started if none answers),
+    "off" (compile in process), or a daemon's address ("unix:/path", a socket path, host:port)."""
+    return os.environ.get(NEURON_COMPILE_DAEMON, "auto").strip() or "auto"
+
+
+def compile_deadline_s() -> float:
+    """NEURON_COMPILE_DEADLINE: seconds a blocking compile waits for the daemon's answer
+    before compiling in process (660: past the daemon's own 600 s limit)."""
+    value = os.environ.get(NEURON_COMPILE_DEADLINE, "").strip() or "660"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"{NEURON_COMPILE_DEADLINE}={value!r}: expected seconds, e.g. 660")
+    return seconds
+
+
+def record_shapes() -> str:
+    """NEURON_RECORD_SHAPES: the file op signatures are recorded into ("": not recording)."""
+    return os.environ.get(NEURON_RECORD_SHAPES, "").strip()
+
+
+def record_source() -> str:
+    """NEURON_RECORD_SOURCE: the model name recorded with the signatures ("": the script's)."""
+    return os.environ.get(NEURON_RECORD_SOURCE, "").strip()
 
 
 def read() -> Settings:

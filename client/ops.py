@@ -207,7 +207,7 @@ def graph_arg(value: Any, inputs: list[TensorType], counter: list[int]) -> ArgVa
     if isinstance(value, (list, tuple)):
         return tuple(graph_arg(v, inputs, counter) for v in value)
     if value is None or isinstance(value, (bool, int, str)):
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, torch.dtype):
         return DTypeArg(dtypes.from_name(str(value)))
     if isinstance(value, torch.device):

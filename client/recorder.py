@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from trnsim.client import runtime
 from trnsim.client.errors import execution_error, user_frame
 from trnsim.client.memory import to_device
 from trnsim.client.ops import (
@@ -46,9 +47,8 @@ from trnsim.compiler.graph import (
     TensorType,
     Value,
     remap_node,
-    to_proto,
 )
-from trnsim.protos import graph_pb2
+from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.scheduler import boundaries, compile_policy
 from trnsim.simulator import dtypes, execute
 from trnsim.simulator.execute import ExecutionError
@@ -103,7 +103,9 @@ class RecOp:
     scalar_offset: int
     entry: Entry | None  # (None for views)
     scalars: list[Any]
-    storages: list[Any]  # the device storage of each new tensor (held, not its tensor)
+    storages: list[
+        torch.UntypedStorage
+    ]  # the device storage of each new tensor (held, not its tensor)
     hosts: list[Tensor]  # the CPU tensors whose memory those storages are
     location: tuple[str, int, str]
     view: ViewCall | None = None
@@ -131,7 +133,7 @@ class _Snapshot:
         self.generator.set_state(self.state)
 
 
-def _bytes(storage: Any) -> Tensor:
+def _bytes(storage: torch.UntypedStorage) -> Tensor:
     """A storage's whole memory as a flat uint8 tensor (no copy)."""
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
@@ -141,13 +143,19 @@ class GraphState:
     """What the runtime knows of one graph signature."""
 
     history: compile_policy.GraphHistory = field(default_factory=compile_policy.GraphHistory)
-    future: Future[Any] | None = None
+    future: Future[executable_pb2.Executable] | None = None
     loaded: execute.LoadedExecutable | None = None
     verified: bool = False  # the fused executable ran once without failing
     fallback: bool = False  # it failed where op by op did not: this graph runs op by op
 
 
-def _where(t: Tensor) -> tuple[Any, ...]:
+# What a tensor points at: (data_ptr, sizes, strides, dtype, version of a CPU tensor).
+Where = tuple[int, torch.Size, tuple[int, ...], torch.dtype, int]
+# A tensor's whole geometry on its storage: (storage, sizes, strides, offset, dtype, conj, neg).
+Geometry = tuple[int, torch.Size, tuple[int, ...], int | torch.SymInt, torch.dtype, bool, bool]
+
+
+def _where(t: Tensor) -> Where:
     """What a tensor points at, and for a CPU tensor what it holds: `t.data = u` changes
     the first without any op reaching us (to other memory, or to the same memory seen
     otherwise: p.data = p.t()), and the host writes CPU tensors (a scalar, indices) freely."""
@@ -162,12 +170,12 @@ class _Known:
 
     value: Value
     ref: weakref.ref[Tensor]
-    where: tuple[Any, ...]
+    where: Where
 
 
 class Recorder:
-    def __init__(self, runtime: Any) -> None:
-        self.rt = runtime
+    def __init__(self, rt: runtime.Runtime) -> None:
+        self.rt = rt
         self.policy = boundaries.Policy()
         self.graphs: dict[tuple[Any, ...], GraphState] = {}
         self._reset()
@@ -178,31 +186,35 @@ class Recorder:
         self.values: dict[int, _Known] = {}  # id(tensor) -> what it holds in the graph
         self.inputs: list[Tensor] = []
         self.input_hosts: list[Tensor] = []
-        self.input_types: list[tuple[Any, ...]] = []  # _where of each input when wired
-        self.input_index: dict[int, tuple[int, tuple[Any, ...]]] = {}  # id -> (index, _where)
+        self.input_types: list[Where] = []  # _where of each input when wired
+        self.input_index: dict[int, tuple[int, Where]] = {}  # id -> (index, _where)
         self.storages: set[int] = set()  # data pointers of the storages made in this buffer
         # (storage, sizes, strides, offset, dtype, conj, neg) -> the value a tensor of that
         # geometry holds: an alias made without us (autograd's detached gradients) is it.
-        self.geometry: dict[tuple[Any, ...], Value] = {}
+        self.geometry: dict[Geometry, Value] = {}
         self.bases: dict[int, tuple[Value, torch.dtype]] = {}  # storage -> the value owning it
         self.parts: list[Any] = []  # the graph's signature, op by op
         self.n_scalars = 0
-        self.stream = self.rt.stream
+        self.issued_on = self.rt.stream  # the stream the buffer's ops were issued on
 
     # -- recording ------------------------------------------------------------------------------
-    def offer(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
+    @property
+    def pending(self) -> bool:
+        return bool(self.ops)
+
+    def offer(self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[Any]) -> Any:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
         hazard = any(not t.is_cpu and not self._nameable(t) for t in tensors)
         op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard, entry.verified)
         cut = boundaries.decide(
-            len(self.ops), self.stream, op, self.rt.timeline.queue_depth(), self.policy
+            len(self.ops), self.issued_on, op, self.rt.queue_depth(), self.policy
         )
         if cut is not boundaries.Cut.NONE:
             self.flush(cut.value)
         if cut.runs_op_eagerly:
             return NOT_RECORDED
         if not self.ops:
-            self.stream = self.rt.stream
+            self.issued_on = self.rt.stream
         return self._record(spec, entry, tensors, scalars)
 
     def _known(self, t: Tensor) -> Value | None:
@@ -262,7 +274,7 @@ class Recorder:
             return Value(None, k)
         return Value(None, index[0])
 
-    def _record(self, spec: Any, entry: Any, tensors: list[Tensor], scalars: list[Any]) -> Any:
+    def _record(self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[Any]) -> Any:
         rt = self.rt
         i = len(self.ops)
         wire = self._wire
@@ -288,11 +300,11 @@ class Recorder:
         self.n_scalars += len(scalars)
         self.parts.append((id(entry), wiring))
         results = self._returns(entry, tensors, outputs, i)
-        rt.timeline.host_work(rt.target.host_record_op_ns)
-        rt.metrics.counts["ops_recorded"] += 1
+        rt.host_work(rt.target.host_record_op_ns)
+        rt.count("ops_recorded")
         return results
 
-    def _returns(self, entry: Any, tensors: list[Tensor], outputs: list[Tensor], i: int) -> Any:
+    def _returns(self, entry: Entry, tensors: list[Tensor], outputs: list[Tensor], i: int) -> Any:
         """The op's return value; every tensor it returns now names this node's output."""
         results: list[Any] = []
         made = iter(outputs)
@@ -335,7 +347,9 @@ class Recorder:
             self.geometry[_geometry(t, ptr)] = value
             self.bases[ptr] = (value, t.dtype)
 
-    def view(self, spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+    def view(
+        self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+    ) -> None:
         """A view of a tensor this buffer can name becomes a node, so later ops find it."""
         tensors = [a for a in args if isinstance(a, Tensor)]
         tensors += [v for v in kwargs.values() if isinstance(v, Tensor)]
@@ -367,28 +381,24 @@ class Recorder:
     def flush(self, reason: str) -> None:
         if not self.ops:
             return
-        ops, parts, stream = self.ops, self.parts, self.stream
+        ops, parts, stream = self.ops, self.parts, self.issued_on
         input_hosts, input_types = self.input_hosts, self.input_types
         self._reset()
         observable = _observable(ops)
-        counts = self.rt.metrics.counts
-        counts["graphs_formed"] += 1
-        counts[f"cut_{reason}"] = counts.get(f"cut_{reason}", 0) + 1
+        self.rt.count("graphs_formed")
+        self.rt.count(f"cut_{reason}")
         signature = (tuple(parts), tuple(observable))
         state = self.graphs.get(signature)
         if state is None:
             state = self.graphs[signature] = GraphState()
         state.history.seen += 1
         self._collect(state)
-        current, self.rt.stream = self.rt.stream, stream  # the work goes where it was issued
-        try:
+        with self.rt.on_stream(stream):  # the work goes where it was issued
             if state.loaded is not None and not state.fallback:
                 self._run_fused(state, ops, input_hosts, observable)
             else:
                 self._run_op_by_op(ops, input_hosts, observable)
                 self._maybe_request(state, ops, input_types, observable)
-        finally:
-            self.rt.stream = current
         self._account(ops, observable)
 
     def _run_op_by_op(
@@ -397,8 +407,7 @@ class Recorder:
         """Each op on its own executable, over the CPU memory its arguments name: the same
         values a fused run computes, one launch per op."""
         rt = self.rt
-        counts = rt.metrics.counts
-        counts["op_by_op_graphs"] += 1
+        rt.count("op_by_op_graphs")
         env: dict[Value, Any] = {}
         seen = iter(observable)
         for i, op in enumerate(ops):
@@ -423,7 +432,7 @@ class Recorder:
                 cause = e.cause if isinstance(e, ExecutionError) else e
                 raise _located(op, cause, ops) from cause
             rt.launch(entry.loaded)
-            counts["op_by_op_ops"] += 1
+            rt.count("op_by_op_ops")
 
     def _run_fused(
         self,
@@ -459,17 +468,13 @@ class Recorder:
         for h, result in zip(seen_hosts, results, strict=True):
             if result is not h:  # computed elsewhere (no in-place out= kernel): copy it in
                 h.copy_(result)
-        timeline = rt.timeline
-        timeline.host_work(rt.target.host_submit_ns)
-        timeline.enqueue(loaded.modelled_ns, rt.stream, loaded.engine_ns)
-        counts = rt.metrics.counts
-        counts["hbm_bytes"] += loaded.hbm_bytes
-        counts["fused_executions"] += 1
-        counts["fused_ops"] += sum(1 for op in ops if op.entry is not None)
+        rt.launch(loaded, host_ns=rt.target.host_submit_ns)
+        rt.count("fused_executions")
+        rt.count("fused_ops", sum(1 for op in ops if op.entry is not None))
 
     def _fall_back(self, state: GraphState, error: BaseException) -> None:
         state.fallback = True
-        self.rt.metrics.counts["fused_fallbacks"] += 1
+        self.rt.count("fused_fallbacks")
         if not self._warned_fallback:
             self._warned_fallback = True
             log.warning(
@@ -491,14 +496,14 @@ class Recorder:
             if seen:
                 rt.adopt_storage(storage, rt.allocate(host.untyped_storage().nbytes()), host)
             else:
-                rt.metrics.counts["internal_outputs"] += 1
+                rt.count("internal_outputs")
 
     # -- fused compiles -------------------------------------------------------------------------
     def _maybe_request(
         self,
         state: GraphState,
         ops: list[RecOp],
-        input_types: list[tuple[Any, ...]],
+        input_types: list[Where],
         observable: list[bool],
     ) -> None:
         rt = self.rt
@@ -513,13 +518,13 @@ class Recorder:
             state.history,
             saving,
             compile_policy.predicted_compile_ns(len(ops)),
-            rt.compiler.shared,
+            rt.compiles_shared,
         ):
             return
         state.history.requested = True
-        rt.metrics.counts["fused_compiles_requested"] += 1
+        rt.count("fused_compiles_requested")
         graph, debug = _graph(ops, input_types, observable)
-        state.future = rt.compiler.compile_async(to_proto(graph), rt.target.name, rt.options, debug)
+        state.future = rt.submit(graph, debug)
 
     def _collect(self, state: GraphState) -> None:
         """A finished background compile becomes the graph's executable (or a failure)."""
@@ -527,16 +532,15 @@ class Recorder:
         if future is None or not future.done():
             return
         state.future = None
-        counts = self.rt.metrics.counts
         try:
             exe = future.result()
         except Exception:  # noqa: BLE001  (any failure: remember it and keep running op by op)
             state.history.failed = True
-            counts["fused_compiles_failed"] += 1
+            self.rt.count("fused_compiles_failed")
             return
         state.loaded = execute.load(exe)
         state.history.ready = True
-        counts["fused_compiles_ready"] += 1
+        self.rt.count("fused_compiles_ready")
 
 
 def _observable(ops: list[RecOp]) -> list[bool]:
@@ -569,14 +573,14 @@ def _settle(host: Tensor, result: Tensor, seen: bool) -> Tensor:
     return host.copy_(result)
 
 
-def _input_type(where: tuple[Any, ...]) -> TensorType:
+def _input_type(where: Where) -> TensorType:
     """A graph input's type as the tensor was when first read (it may have changed since)."""
     _, shape, stride, dtype, _ = where
     return TensorType(tuple(shape), tuple(stride), dtypes.from_name(str(dtype)), 0)
 
 
 def _graph(
-    ops: list[RecOp], input_types: list[tuple[Any, ...]], observable: list[bool]
+    ops: list[RecOp], input_types: list[Where], observable: list[bool]
 ) -> tuple[Graph, graph_pb2.GraphDebug]:
     made = [
         Value(i, j)
@@ -622,7 +626,7 @@ def _as_strided_spec() -> OpSpec:
     return spec_for(torch.ops.aten.as_strided.default)
 
 
-def _geometry(t: Tensor, storage_ptr: int) -> tuple[Any, ...]:
+def _geometry(t: Tensor, storage_ptr: int) -> Geometry:
     return (storage_ptr, t.shape, t.stride(), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg())
 
 
@@ -673,3 +677,6 @@ def _located(op: RecOp, cause: BaseException, ops: list[RecOp]) -> BaseException
         before = [o for o in ops[: ops.index(op)] if o.location[0]]
         path, line = before[-1].location[:2] if before else ("<unknown>", 0)
     return execution_error(op.name, cause, f"{path}:{line}")
+
+
+runtime.RECORDING_MODES["adaptive"] = Recorder

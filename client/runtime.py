@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 import torch
 from trnsim.client import env
@@ -13,7 +16,7 @@ from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.errors import compile_error, out_of_memory
 from trnsim.client.memory import to_host_alias
 from trnsim.client.metrics import Metrics
-from trnsim.client.ops import Entry
+from trnsim.client.ops import Entry, OpSpec
 from trnsim.compiler import CompileError, cache_key
 from trnsim.compiler.graph import Graph, to_proto
 from trnsim.protos import executable_pb2, graph_pb2
@@ -23,6 +26,35 @@ from trnsim.simulator.device import Timeline
 from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
 
 DEFAULT_SEED = 67280421310721  # PyTorch's default seed for device generators
+
+
+class Recording(Protocol):
+    """A mode that records ops to run them later as graphs (adaptive: client/recorder.py).
+    Eager dispatch offers it each op and view; the runtime flushes it at sync points."""
+
+    @property
+    def pending(self) -> bool:
+        """Ops are recorded and not yet run."""
+        ...
+
+    def offer(
+        self, spec: OpSpec, entry: Entry, tensors: list[torch.Tensor], scalars: list[Any]
+    ) -> Any:
+        """Records the op and returns its results, or NOT_RECORDED: the caller runs it."""
+        ...
+
+    def view(
+        self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+    ) -> None: ...
+
+    def flush(self, reason: str) -> None:
+        """Runs what is recorded."""
+        ...
+
+
+# The recording modes by name, each registered by its module on import (client/recorder.py:
+# "adaptive"; backend.register() imports it): the runtime imports no mode.
+RECORDING_MODES: dict[str, Callable[[Runtime], Recording]] = {}
 
 
 class Runtime:
@@ -47,20 +79,19 @@ class Runtime:
         # data_ptr of each live device storage -> the CPU tensor it was made from (same
         # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
         self.hosts: dict[int, torch.Tensor] = {}
-        self.recorder: Any = None  # the adaptive-mode Recorder (client/recorder.py), or None
+        self.recorder: Recording | None = None  # adaptive mode's (client/recorder.py)
+        self._recorder_kept: Recording | None = None  # (its graphs, while in eager mode)
         self.set_mode(settings.eager_mode)
 
     def set_mode(self, mode: str) -> None:
         """eager or adaptive; what was recorded runs first. Graphs seen so far are kept."""
-        if mode not in ("eager", "adaptive"):
+        if mode != "eager" and mode not in RECORDING_MODES:
             raise env.ConfigError(f"eager mode {mode!r}: use 'eager' or 'adaptive'")
         self.flush("sync")
         if mode == "eager":
             self._recorder_kept, self.recorder = self.recorder, None
         elif self.recorder is None:
-            from trnsim.client.recorder import Recorder
-
-            self.recorder = getattr(self, "_recorder_kept", None) or Recorder(self)
+            self.recorder = self._recorder_kept or RECORDING_MODES[mode](self)
         self.mode = mode
 
     def close(self) -> None:
@@ -126,7 +157,8 @@ class Runtime:
 
     # -- executables --------------------------------------------------------------------------
     def executable_for(self, graph: Graph, debug: graph_pb2.GraphDebug) -> execute.LoadedExecutable:
-        """The loaded executable of a graph: from the in-process cache by key, else compiled."""
+        """The loaded executable of a graph: from the in-process cache by key, else compiled
+        now (at blocking priority: the op waits for it)."""
         key = cache_key(graph, self.target, self.options).digest
         loaded = self.executables.get(key)
         if loaded is not None:
@@ -140,12 +172,27 @@ class Runtime:
         loaded = self.executables[key] = execute.load(exe)
         return loaded
 
+    def submit(
+        self, graph: Graph, debug: graph_pb2.GraphDebug
+    ) -> Future[executable_pb2.Executable]:
+        """A compile at background priority (adaptive mode's fused graphs): nothing waits
+        for it; the future holds the executable, or the compile's error."""
+        return self.compiler.compile_async(to_proto(graph), self.target.name, self.options, debug)
+
+    @property
+    def compiles_shared(self) -> bool:
+        """Whether compiles land in a cache other processes share (a daemon's)."""
+        return self.compiler.shared
+
     # -- timeline -----------------------------------------------------------------------------
-    def launch(self, loaded: execute.LoadedExecutable) -> None:
-        """The host dispatches the op (modelled, or the real time since the last launch
-        with NEURON_SIM_HOST=measured) and enqueues its executable."""
+    def launch(self, loaded: execute.LoadedExecutable, host_ns: int | None = None) -> None:
+        """Enqueues an executable on the current stream, after the host's work to launch it:
+        `host_ns` when given (a recorded graph's submit), else an eager op's dispatch
+        (modelled, or the real time since the last launch with NEURON_SIM_HOST=measured)."""
         timeline = self.timeline
-        if self.measured_host:
+        if host_ns is not None:
+            cost = host_ns
+        elif self.measured_host:
             now = time.perf_counter_ns()
             cost, self._host_mark = now - self._host_mark, now
         else:
@@ -154,6 +201,29 @@ class Runtime:
         if loaded.modelled_ns:
             timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
+
+    def host_work(self, ns: int) -> None:
+        """Host time spent on the runtime's own work (recording an op, say)."""
+        self.timeline.host_work(ns)
+
+    def queue_depth(self, stream: int | None = None) -> int:
+        """Launches not yet finished in simulated time (on one stream, or all)."""
+        return self.timeline.queue_depth(stream)
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: int) -> Iterator[None]:
+        """Launches inside the block go to `stream`; the current stream is restored after.
+        (rt.stream is the one place the current stream is held: torch.neuron's Stream
+        objects and the recorder read it.)"""
+        previous, self.stream = self.stream, stream
+        try:
+            yield
+        finally:
+            self.stream = previous
+
+    def count(self, name: str, n: int = 1) -> None:
+        counts = self.metrics.counts
+        counts[name] = counts.get(name, 0) + n
 
     def synchronize(self, stream: int | None = None) -> None:
         self.flush("sync")

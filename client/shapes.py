@@ -111,7 +111,7 @@ active: ShapeLog | None = None  # the process's recording (dispatch.kernel adds 
 def start_from_env() -> None:
     """NEURON_RECORD_SHAPES=FILE: record this process's op signatures, saved at exit."""
     global active
-    path = os.environ.get(env.NEURON_RECORD_SHAPES, "").strip()
+    path = env.record_shapes()
     if not path or active is not None:
         return
     import atexit
@@ -135,4 +135,4 @@ def write(path: Path, signatures: Iterable[Signature]) -> None:
 
 def default_source() -> str:
     """NEURON_RECORD_SOURCE, else the script's name: which model a signature came from."""
-    return os.environ.get(env.NEURON_RECORD_SOURCE) or Path(sys.argv[0] or "python").stem
+    return env.record_source() or Path(sys.argv[0] or "python").stem

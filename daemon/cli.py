@@ -18,12 +18,12 @@ from trnsim import compiler
 from trnsim.daemon import launcher
 from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import (
-    SYSTEM_CACHE,
     SYSTEM_SOCKET,
     ConfigError,
     DaemonConfig,
     default_address,
     default_cache_dir,
+    system_cache_dir,
 )
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
@@ -34,7 +34,7 @@ def _config(args: argparse.Namespace) -> DaemonConfig:
     if args.system:
         config.system = True
         config.address = f"unix:{SYSTEM_SOCKET}"
-        config.cache_dir = Path(os.environ.get("CACHE_DIRECTORY", SYSTEM_CACHE))
+        config.cache_dir = system_cache_dir()
     if args.address:
         config.address = args.address if ":" in args.address else f"unix:{args.address}"
     if getattr(args, "cache_dir", None):

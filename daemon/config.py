@@ -1,4 +1,6 @@
-"""Where the daemon listens and keeps its cache, and its limits."""
+"""Where the daemon listens and keeps its cache, and its limits; the environment variables
+the daemon reads are read here: NEURON_CACHE_DIR, XDG_RUNTIME_DIR, XDG_CACHE_HOME,
+TRNSIM_ALLOW_TCP, and systemd's CACHE_DIRECTORY and NOTIFY_SOCKET."""
 
 from __future__ import annotations
 
@@ -38,6 +40,21 @@ def default_cache_dir() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "trnsim"
+
+
+def system_cache_dir() -> Path:
+    """The system daemon's cache: systemd's CACHE_DIRECTORY (CacheDirectory=), else /var/cache."""
+    return Path(os.environ.get("CACHE_DIRECTORY", SYSTEM_CACHE))
+
+
+def tcp_allowed() -> bool:
+    """TRNSIM_ALLOW_TCP=1: the daemon may listen on a TCP address beyond loopback."""
+    return os.environ.get("TRNSIM_ALLOW_TCP") == "1"
+
+
+def systemd_notify_socket() -> str:
+    """NOTIFY_SOCKET: where systemd (Type=notify) listens for READY=1 ("": not under it)."""
+    return os.environ.get("NOTIFY_SOCKET", "")
 
 
 def default_workers() -> int:

@@ -14,7 +14,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from trnsim.daemon import wire
-from trnsim.daemon.config import ConfigError, DaemonConfig, ensure_private_dir, socket_path
+from trnsim.daemon.config import (
+    ConfigError,
+    DaemonConfig,
+    ensure_private_dir,
+    socket_path,
+    systemd_notify_socket,
+    tcp_allowed,
+)
 from trnsim.daemon.service import CompileService, build_service
 
 log = logging.getLogger(__name__)
@@ -65,9 +72,7 @@ def create_server(
     path = socket_path(address)
     if path is not None:
         _prepare_socket(path, config.system)
-    elif os.environ.get("TRNSIM_ALLOW_TCP") != "1" and not address.startswith(
-        ("localhost:", "127.0.0.1:", "[::1]:")
-    ):
+    elif not tcp_allowed() and not address.startswith(("localhost:", "127.0.0.1:", "[::1]:")):
         raise ConfigError(
             f"TCP address {address!r}: set TRNSIM_ALLOW_TCP=1 to listen beyond loopback"
         )
@@ -94,7 +99,7 @@ def create_server(
 
 def notify_systemd(message: str) -> None:
     """sd_notify(3): tells systemd (Type=notify) we are ready or stopping."""
-    target = os.environ.get("NOTIFY_SOCKET")
+    target = systemd_notify_socket()
     if not target:
         return
     if target.startswith("@"):

@@ -115,6 +115,19 @@ def test_core_from_local_rank_and_visible_cores(monkeypatch):
         env.read()
 
 
+def test_the_compile_settings_are_read_in_env(monkeypatch):
+    monkeypatch.delenv("NEURON_COMPILE_DAEMON", raising=False)
+    monkeypatch.delenv("NEURON_COMPILE_DEADLINE", raising=False)
+    assert env.compile_daemon() == "auto" and env.compile_deadline_s() == 660.0
+    monkeypatch.setenv("NEURON_COMPILE_DAEMON", " off ")
+    monkeypatch.setenv("NEURON_COMPILE_DEADLINE", "30")
+    assert env.compile_daemon() == "off" and env.compile_deadline_s() == 30.0
+    for bad in ("soon", "0", "-5", "nan"):
+        monkeypatch.setenv("NEURON_COMPILE_DEADLINE", bad)
+        with pytest.raises(env.ConfigError, match="expected seconds"):
+            env.compile_deadline_s()
+
+
 def test_target_from_env_in_a_fresh_process():
     code = "import torch; torch.ones(1, device='neuron'); print(torch.neuron.get_device_name())"
     out = subprocess.run(
