@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import dtypes, kernels
 
@@ -37,16 +38,19 @@ def torch_dtype(dtype: int) -> torch.dtype:
     return getattr(torch, dtypes.name(dtype))  # type: ignore[no-any-return]
 
 
-def resolve_op(name: str) -> Any:
+def resolve_op(name: str) -> OpOverload:
     """ "aten::add.Tensor" -> torch.ops.aten.add.Tensor (an OpOverload)."""
     namespace, rest = name.split("::", 1)
     op_name, _, overload = rest.partition(".")
     packet = getattr(getattr(torch.ops, namespace), op_name)
-    return getattr(packet, overload or "default")
+    op: OpOverload = getattr(packet, overload or "default")
+    return op
 
 
+Inputs = Sequence[torch.Tensor]  # CPU tensors over the executable's inputs' device memory
+Scalars = Sequence[float]  # the runtime scalars (Argument.scalar_input), in order
 Env = dict[tuple[int, int], Any]  # (node, output index) -> value
-Builder = Callable[[Sequence[Any], Env, Sequence[Any]], Any]  # (inputs, env, scalars) -> value
+Builder = Callable[[Inputs, Env, Scalars], Any]  # (inputs, env, scalars) -> value
 
 
 def _builder(arg: graph_pb2.Argument) -> Builder:
@@ -94,7 +98,7 @@ def _wrapped_number(b: Builder, like: Builder | None) -> Builder:
     """A Python number passed where the schema takes a Tensor (PyTorch wraps it): a 0-dim
     tensor of the dtype type promotion gives the number next to the op's first tensor."""
 
-    def build(inputs: Sequence[Any], env: Env, scalars: Sequence[Any]) -> Any:
+    def build(inputs: Inputs, env: Env, scalars: Scalars) -> Any:
         value = b(inputs, env, scalars)
         if isinstance(value, torch.Tensor) or value is None:
             return value
@@ -161,9 +165,9 @@ class _Step:
 
     def call(
         self,
-        inputs: Sequence[Any],
+        inputs: Inputs,
         env: Env,
-        scalars: Sequence[Any],
+        scalars: Scalars,
         generator: torch.Generator | None,
     ) -> Any:
         try:
@@ -187,9 +191,9 @@ class _Step:
 
     def _call(
         self,
-        inputs: Sequence[Any],
+        inputs: Inputs,
         env: Env,
-        scalars: Sequence[Any],
+        scalars: Scalars,
         generator: torch.Generator | None,
     ) -> Any:
         args = [b(inputs, env, scalars) for b in self.positional]
@@ -214,9 +218,7 @@ class _Step:
             return conformed.copy_(result)
         return result
 
-    def run_into(
-        self, inputs: Sequence[Any], env: Env, scalars: Sequence[Any], buffer: Any
-    ) -> None:
+    def run_into(self, inputs: Inputs, env: Env, scalars: Scalars, buffer: torch.Tensor) -> None:
         """Computes straight into `buffer` (right shape and dtype) with the op's out= kernel."""
         assert self.out_op is not None, "run_into is for ops in _WRITES_OUT_IN_PLACE"
         args = [b(inputs, env, scalars) for b in self.positional]
@@ -228,9 +230,9 @@ class _Step:
 
     def run(
         self,
-        inputs: Sequence[Any],
+        inputs: Inputs,
         env: Env,
-        scalars: Sequence[Any],
+        scalars: Scalars,
         generator: torch.Generator | None,
     ) -> None:
         result = self.call(inputs, env, scalars, generator)
@@ -282,10 +284,10 @@ class LoadedExecutable:
 
     def run(
         self,
-        inputs: Sequence[Any],
-        scalars: Sequence[Any] = (),
+        inputs: Inputs,
+        scalars: Scalars = (),
         generator: torch.Generator | None = None,
-        into: Sequence[Any] | None = None,
+        into: Sequence[torch.Tensor] | None = None,
     ) -> list[Any]:
         """The graph's outputs. With `into` (the caller's buffer per output), the outputs an
         out= kernel can compute are written there: those results are the buffers."""
@@ -346,7 +348,7 @@ _WRITES_OUT_IN_PLACE = frozenset(
 )
 
 
-def _out_variant(op: Any) -> Any:
+def _out_variant(op: OpOverload) -> OpOverload | None:
     """The op's `out` overload, for ops in _WRITES_OUT_IN_PLACE whose schema is the op's
     plus `out` (so the same arguments mean the same thing)."""
     base = op._schema.name.split("::", 1)[-1]
@@ -357,7 +359,7 @@ def _out_variant(op: Any) -> Any:
         return None
     names = [a.name for a in op._schema.arguments]
     types = [str(a.type) for a in op._schema.arguments]
-    out = packet.out
+    out: OpOverload = packet.out
     if [a.name for a in out._schema.arguments] != [*names, "out"]:
         return None
     if [str(a.type) for a in out._schema.arguments][:-1] != types:
