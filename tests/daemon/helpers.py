@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 from trnsim import compiler
 from trnsim.client.compile_client import DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
@@ -127,3 +128,17 @@ def set_row(cache_dir: Path, rowid: int, **columns: object) -> None:
     names = ", ".join(f"{k} = ?" for k in columns)
     with sqlite3.connect(cache_dir / "executables" / "cache.db") as db:
         db.execute(f"UPDATE Cache SET {names} WHERE rowid = ?", (*columns.values(), rowid))
+
+
+def worker_processes(parent: int) -> list[psutil.Process]:
+    """The live compile workers among a process's children (zombies and the gone skipped)."""
+    found = []
+    for p in psutil.Process(parent).children():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "trnsim.daemon.worker" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found

@@ -27,7 +27,16 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
 
-from .helpers import answers, cache_rows, daemon_stats, graph, request, set_row, start_daemon
+from .helpers import (
+    answers,
+    cache_rows,
+    daemon_stats,
+    graph,
+    request,
+    set_row,
+    start_daemon,
+    worker_processes,
+)
 
 pytestmark = pytest.mark.timeout(300)
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
@@ -45,8 +54,7 @@ def _ok(result: svc.CompileResult) -> bool:
 
 
 def _workers(daemon_pid: int) -> list[psutil.Process]:
-    children = psutil.Process(daemon_pid).children()
-    return [p for p in children if "trnsim.daemon.worker" in " ".join(p.cmdline())]
+    return worker_processes(daemon_pid)
 
 
 # -- workers ----------------------------------------------------------------------------------

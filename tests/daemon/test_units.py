@@ -4,11 +4,11 @@ priorities, withdrawals, closed streams) and the worker pool (real worker proces
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
 
-import psutil
 import pytest
 from trnsim.daemon.cache import ExecutableCache, MemoryLRU
 from trnsim.daemon.inflight import InFlight, Waiter
@@ -16,7 +16,7 @@ from trnsim.daemon.workers import WorkerPool
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos.blobs import make_blob
 
-from .helpers import request
+from .helpers import request, worker_processes
 
 KEY_A, KEY_B, KEY_C = ("a" * 64, "b" * 64, "c" * 64)
 
@@ -252,11 +252,7 @@ def test_the_pool_compiles_and_replaces_a_worker_that_died_idle():
         _compile_job(table, KEY_A, got)
         _wait(lambda: len(got) == 1, "the first compile")
         assert got[0].WhichOneof("outcome") == "executable"
-        workers = [
-            p
-            for p in psutil.Process().children()
-            if "trnsim.daemon.worker" in " ".join(p.cmdline())
-        ]
+        workers = worker_processes(os.getpid())
         assert len(workers) == 1
         workers[0].kill()
         _wait(lambda: pool.restarts == 1, "the idle worker's death noticed")
