@@ -66,7 +66,8 @@ class Runtime:
         self.timeline = Timeline(self.target)
         self.metrics = Metrics()
         self.compiler: CompileClient = make_client()
-        self.options = executable_pb2.CompileOptions()
+        self.options = executable_pb2.CompileOptions()  # per-op executables: -O1
+        self.fused_options = executable_pb2.CompileOptions(opt_level=2)  # recorded graphs
         self.signatures: dict[tuple[Any, ...], Entry] = {}
         self.executables: dict[str, execute.LoadedExecutable] = {}
         self.generator = torch.Generator()
@@ -175,9 +176,11 @@ class Runtime:
     def submit(
         self, graph: Graph, debug: graph_pb2.GraphDebug
     ) -> Future[executable_pb2.Executable]:
-        """A compile at background priority (adaptive mode's fused graphs): nothing waits
-        for it; the future holds the executable, or the compile's error."""
-        return self.compiler.compile_async(to_proto(graph), self.target.name, self.options, debug)
+        """A compile at background priority and -O2 (adaptive mode's fused graphs): nothing
+        waits for it; the future holds the executable, or the compile's error."""
+        return self.compiler.compile_async(
+            to_proto(graph), self.target.name, self.fused_options, debug
+        )
 
     @property
     def compiles_shared(self) -> bool:

@@ -12,12 +12,20 @@ from trnsim.protos import executable_pb2 as ex
 from trnsim.simulator.config import TARGETS, UnknownTargetError
 
 
-def explain(path: str, target: str, sbuf_budget: int, hbm_budget: int) -> str:
-    options = ex.CompileOptions(sbuf_budget_bytes=sbuf_budget, hbm_budget_bytes=hbm_budget)
+def explain(path: str, target: str, sbuf_budget: int, hbm_budget: int, level: int = 2) -> str:
+    options = ex.CompileOptions(
+        sbuf_budget_bytes=sbuf_budget, hbm_budget_bytes=hbm_budget, opt_level=level
+    )
     c = run_passes(load_json(path), target, options)
     exe = c.executable
     assert exe is not None
-    lines = [f"graph {c.graph.name or path} on {target} (compiler {exe.compiler_version})", ""]
+    lines = [
+        (
+            f"graph {c.graph.name or path} on {target} at -O{max(1, level)} "
+            f"(compiler {exe.compiler_version})"
+        ),
+        "",
+    ]
     lines += ["passes:"] + [f"  {i + 1}. {entry}" for i, entry in enumerate(c.log)]
     lines += ["", "instructions per engine:"]
     for program in exe.engines:
@@ -40,7 +48,12 @@ def explain(path: str, target: str, sbuf_budget: int, hbm_budget: int) -> str:
         "",
         (
             f"modelled time: {exe.modelled_ns / 1000:.3f} us per launch "
-            f"(+ {TARGETS[target].launch_overhead_ns / 1000:.1f} us launch overhead)"
+            f"(+ {TARGETS[target].launch_overhead_ns / 1000:.1f} us launch overhead); "
+            f"-O1's: {exe.o1_modelled_ns / 1000:.3f} us"
+        ),
+        (
+            f"modelled compile time: {exe.modelled_compile_seconds:.2f} s "
+            f"({exe.search_schedules} schedules searched)"
         ),
         f"work: {exe.flops} FLOP ({tflops:.2f} TFLOPS), {exe.hbm_bytes} HBM bytes moved",
         (
@@ -58,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="trn2", choices=sorted(TARGETS))
     parser.add_argument("--sbuf-budget", type=int, default=0, help="bytes (0: the target's)")
     parser.add_argument("--hbm-budget", type=int, default=0, help="bytes (0: the target's)")
+    parser.add_argument(
+        "-O", dest="level", type=int, default=2, choices=(1, 2, 3), help="level (default 2)"
+    )
     args = parser.parse_args(argv)
     try:
-        print(explain(args.explain, args.target, args.sbuf_budget, args.hbm_budget))
+        print(explain(args.explain, args.target, args.sbuf_budget, args.hbm_budget, args.level))
     except (CompileError, GraphError, UnknownTargetError, OSError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,16 +27,20 @@ JOINS = frozenset(
 MAX_GROUP = 64
 
 
-def fuse(g: Graph, kernels: list[Kernel]) -> list[list[int]]:
-    """Node indices per kernel, in program order; every node in exactly one group."""
+def fuse(g: Graph, kernels: list[Kernel], prologues: bool = False) -> list[list[int]]:
+    """Node indices per kernel, in program order; every node in exactly one group.
+
+    prologues (the schedule search's alternative cut): a matmul fed by the group joins it,
+    so what comes before it (a norm, an activation) reaches it through SBUF, not HBM."""
     groups: list[list[int]] = []
     current: list[int] = []
     in_current: set[int] = set()
+    joins = JOINS | {C.MATMUL} if prologues else JOINS
     for i, (node, k) in enumerate(zip(g.nodes, kernels, strict=True)):
         feeds = any(v.node is not None and v.node in in_current for v in node.tensor_args())
         if (
             current
-            and k.klass in JOINS
+            and k.klass in joins
             and (feeds or k.klass == C.VIEW)
             and len(current) < MAX_GROUP
         ):

@@ -42,6 +42,8 @@ def options_bytes(options: ex.CompileOptions) -> bytes:
     kept.CopyFrom(options)
     for name in DEBUG_ONLY_OPTIONS:
         kept.ClearField(name)
+    if kept.opt_level == 1:
+        kept.ClearField("opt_level")  # -O1 is the default level: one key for both spellings
     return kept.SerializeToString(deterministic=True)
 
 

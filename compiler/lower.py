@@ -34,6 +34,11 @@ class Kernel:
     load_bytes: int = 0
     store_bytes: int = 0
     sbuf_bytes: int = 0
+    engine: str = ""  # the engine chosen by the schedule search ("": the class's own)
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine or op_table.ENGINE_OF_CLASS[self.klass]
 
 
 @dataclass
@@ -77,7 +82,18 @@ def gemm_reload_bytes(shape: op_table.GemmShape, itemsize: int, sbuf_budget: int
     return a * (-(-shape.n // block) - 1) + b * (-(-shape.m // block) - 1)
 
 
-def kernel_for(g: Graph, node: Node, target: Target, sbuf_budget: int) -> Kernel:
+# Elementwise classes an engine other than their own can run (the schedule search's engine
+# choices): a tensor-tensor or tensor-scalar pass on GpSimd, a tensor-scalar one on the
+# Scalar engine's activation path (scale and bias with the identity function).
+ENGINE_CHOICES: dict[int, tuple[str, ...]] = {
+    C.TENSOR_TENSOR: ("vector", "gpsimd"),
+    C.TENSOR_SCALAR: ("vector", "scalar", "gpsimd"),
+}
+
+
+def kernel_for(g: Graph, node: Node, target: Target, sbuf_budget: int, engine: str = "") -> Kernel:
+    """What the node costs on `target` (the search passes a target narrowed to fewer
+    partitions for a kernel laid out on them), on `engine` when one is chosen."""
     klass = op_table.classify(node.op)
     ins = _tensor_types(g, node)
     in_bytes = sum(t.nbytes for t in ins)
@@ -111,8 +127,23 @@ def kernel_for(g: Graph, node: Node, target: Target, sbuf_budget: int) -> Kernel
         )
         flops = sum(s.flops for s in shapes)
         return Kernel(klass, cost, flops, traffic, out_bytes + written, sbuf)
-    cost = _elementwise_cost(klass, node, target, in_elems, out_elems, low)
-    return Kernel(klass, cost, max(in_elems, out_elems), in_bytes, out_bytes + written, sbuf)
+    if engine and engine != op_table.ENGINE_OF_CLASS[klass]:
+        cost = _cost_on(engine, target, max(in_elems, out_elems))
+    else:
+        engine = ""
+        cost = _elementwise_cost(klass, node, target, in_elems, out_elems, low)
+    return Kernel(
+        klass, cost, max(in_elems, out_elems), in_bytes, out_bytes + written, sbuf, engine
+    )
+
+
+def _cost_on(engine: str, target: Target, elements: int) -> Cost:
+    """An elementwise pass on an engine other than its class's (see ENGINE_CHOICES)."""
+    if engine == "gpsimd":
+        return cost_model.gpsimd(target, elements)
+    if engine == "scalar":
+        return cost_model.activation(target, elements)
+    raise ValueError(f"no elementwise pass on the {engine} engine")
 
 
 def _elementwise_cost(
@@ -203,17 +234,20 @@ def lower(
     plan: MemoryPlan,
     target: Target,
     groups: list[list[int]] | None = None,
+    layouts: list[int] | None = None,
 ) -> list[Instr]:
     """Instructions for every kernel (a group of nodes), in program order, with their
     dependencies. A one-node kernel loads its inputs, computes and stores its outputs; a
     fused kernel loads what comes from HBM once, chains its nodes through SBUF and stores
-    only what leaves it."""
+    only what leaves it. layouts[k]: the partitions kernel k's transfers are spread over
+    (0: all of them; fewer make longer contiguous runs, chosen by the schedule search)."""
     b = _Builder(plan)
-    for group in groups or [[i] for i in range(len(g.nodes))]:
+    for n, group in enumerate(groups or [[i] for i in range(len(g.nodes))]):
+        spread = layouts[n] if layouts else 0
         if len(group) == 1:
-            _lower_node(b, g, group[0], kernels[group[0]], plan, target)
+            _lower_node(b, g, group[0], kernels[group[0]], plan, target, spread)
         else:
-            _lower_group(b, g, group, kernels, plan, target)
+            _lower_group(b, g, group, kernels, plan, target, spread)
     _add_reuse_deps(b, plan)
     return b.instrs
 
@@ -226,7 +260,16 @@ def _node_buffers(g: Graph, i: int, plan: MemoryPlan) -> tuple[list[int], list[i
     return reads, writes
 
 
-def _lower_node(b: _Builder, g: Graph, i: int, k: Kernel, plan: MemoryPlan, target: Target) -> None:
+def _dma(target: Target, nbytes: int, spread: int) -> Cost:
+    """A transfer spread over `spread` partitions (0: all of the target's)."""
+    if not spread or nbytes <= 0:
+        return cost_model.dma(target, nbytes)
+    return cost_model.dma(target, nbytes, contiguous_bytes=-(-nbytes // spread))
+
+
+def _lower_node(
+    b: _Builder, g: Graph, i: int, k: Kernel, plan: MemoryPlan, target: Target, spread: int = 0
+) -> None:
     reads, writes = _node_buffers(g, i, plan)
     if k.klass == C.VIEW:
         writes = [w for w in writes if plan.buffers[w].role != ex.ALIAS]
@@ -237,19 +280,24 @@ def _lower_node(b: _Builder, g: Graph, i: int, k: Kernel, plan: MemoryPlan, targ
         return
     load = None
     if k.load_bytes:
-        load = b.add("dma", C.DMA_LOAD, cost_model.dma(target, k.load_bytes), None, reads, [])
+        load = b.add("dma", C.DMA_LOAD, _dma(target, k.load_bytes, spread), None, reads, [])
         load.nbytes = k.load_bytes
-    engine = op_table.ENGINE_OF_CLASS[k.klass]
-    compute = b.add(engine, k.klass, k.cost, i, reads, [], None if load is None else load.id)
+    compute = b.add(k.engine_name, k.klass, k.cost, i, reads, [], None if load is None else load.id)
     compute.flops = k.flops
     compute.nbytes = k.load_bytes + k.store_bytes
-    store_cost = cost_model.dma(target, k.store_bytes)
+    store_cost = _dma(target, k.store_bytes, spread)
     store = b.add("dma", C.DMA_STORE, store_cost, None, [], writes, compute.id)
     store.nbytes = k.store_bytes
 
 
 def _lower_group(
-    b: _Builder, g: Graph, group: list[int], kernels: list[Kernel], plan: MemoryPlan, target: Target
+    b: _Builder,
+    g: Graph,
+    group: list[int],
+    kernels: list[Kernel],
+    plan: MemoryPlan,
+    target: Target,
+    spread: int = 0,
 ) -> None:
     inside = set(group)
     in_sbuf = {x.id for x in plan.buffers if x.memory == ex.SBUF}
@@ -266,7 +314,7 @@ def _lower_group(
     load_bytes = sum(r.size for r in roots.values()) + reloads
     load = None
     if load_bytes:
-        load = b.add("dma", C.DMA_LOAD, cost_model.dma(target, load_bytes), None, external, [])
+        load = b.add("dma", C.DMA_LOAD, _dma(target, load_bytes, spread), None, external, [])
         load.nbytes = load_bytes
     leaving: list[int] = []
     store_bytes = 0
@@ -282,7 +330,7 @@ def _lower_group(
             if plan.root(w).id not in in_sbuf and plan.buffers[w].role != ex.ALIAS
         )
         store_bytes += sum(g.type_of(v).nbytes for v in _written_args(g.nodes[i]))
-        engine = "none" if k.klass == C.VIEW else op_table.ENGINE_OF_CLASS[k.klass]
+        engine = "none" if k.klass == C.VIEW else k.engine_name
         compute = b.add(
             engine, k.klass, k.cost, i, reads, resident, None if previous is None else previous.id
         )
@@ -292,7 +340,7 @@ def _lower_group(
             previous = compute
     if leaving and previous is not None:
         store = b.add(
-            "dma", C.DMA_STORE, cost_model.dma(target, store_bytes), None, [], leaving, previous.id
+            "dma", C.DMA_STORE, _dma(target, store_bytes, spread), None, [], leaving, previous.id
         )
         store.nbytes = store_bytes
 

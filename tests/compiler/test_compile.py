@@ -85,6 +85,8 @@ def test_pass_list_is_ordered_and_logged():
         "memory plan",
         "lower",
         "list schedule",
+        "schedule search",
+        "compile time",
         "emit",
     ]
     c = run_passes(mlp(), "trn2")

@@ -1,0 +1,35 @@
+"""Modelled compile time: what compiling this graph at this level costs on the real compiler,
+as a deterministic function of the work the compiler does (instructions emitted, kernels
+formed, schedules the search evaluated). Clocks charge it (client/runtime.py: the simulated
+host waits for a compile it needs; adaptive graphs become usable when theirs ends) and
+NEURON_SIM_COMPILE_SCALE burns it on a CPU (daemon workers, in-process compiles).
+
+Calibration [E], against what is published (notes/TRAINIUM.md "Compiler reference points":
+minutes for typical graphs, up to an hour for large models; -O1 compiles fast, -O3 slowest):
+- a fixed cost per compile (start-up, parsing, the graph passes, code generation and
+  packaging of one NEFF): 50 ms, so that one per-op kernel (1 kernel, ~3 instructions)
+  costs ~0.2 s: "tens to hundreds of milliseconds";
+- per emitted instruction (tiling, allocation, scheduling, codegen): 20 ms; per kernel
+  (loop fusion and tiling of its loop nest): 100 ms. A transformer model's fused training
+  graph (the GPT example's: ~300 instructions, ~35-75 kernels) then costs tens of seconds;
+- per whole schedule the search evaluates beyond the first: 4 ms per instruction (list
+  scheduling and allocation again), so -O2 costs more than -O1 and -O3 more than -O2 on the
+  same graph, for the reason the real compiler does: it tries more schedules.
+"""
+
+from __future__ import annotations
+
+FIXED_S = 0.05
+PER_INSTRUCTION_S = 0.02
+PER_KERNEL_S = 0.1
+PER_SEARCHED_INSTRUCTION_S = 0.004
+
+
+def modelled_compile_seconds(instructions: int, kernels: int, schedules_searched: int) -> float:
+    """Seconds the real compiler would take for this work (deterministic)."""
+    return (
+        FIXED_S
+        + PER_INSTRUCTION_S * instructions
+        + PER_KERNEL_S * kernels
+        + PER_SEARCHED_INSTRUCTION_S * instructions * max(0, schedules_searched - 1)
+    )
