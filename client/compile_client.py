@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from trnsim import compiler
 from trnsim.client import env
+from trnsim.compiler.compile_time import burn
 from trnsim.daemon import launcher
 from trnsim.daemon.config import ConfigError, default_address
 from trnsim.protos import compile_service_pb2 as svc
@@ -75,6 +76,7 @@ class InProcessCompileClient:
 
     def __init__(self) -> None:
         self.compiles = 0
+        self.scale = env.compile_scale()
         self._background: ThreadPoolExecutor | None = None
 
     def compile(
@@ -84,8 +86,13 @@ class InProcessCompileClient:
         options: executable_pb2.CompileOptions,
         debug: graph_pb2.GraphDebug | None,
     ) -> executable_pb2.Executable:
+        """Compiled here: this process waits for all of its modelled compile time, and burns
+        NEURON_SIM_COMPILE_SCALE x that of CPU."""
         self.compiles += 1
-        return compiler.compile(graph, target, options, debug)
+        exe = compiler.compile(graph, target, options, debug)
+        burn(exe.modelled_compile_seconds * self.scale)
+        exe.waited_compile_seconds = exe.modelled_compile_seconds
+        return exe
 
     def compile_async(
         self,
@@ -157,6 +164,7 @@ class DaemonCompileClient:
         exe = self._answer(result, expected_key(graph, target, options))
         if isinstance(exe, str):
             return self._compile_here(graph, target, options, debug, exe)
+        exe.waited_compile_seconds = result.modelled_seconds_waited
         if debug is not None and options.emit_debug_info:
             exe.debug.graph.CopyFrom(debug)  # ours: the daemon never shares one client's
         return exe
@@ -187,7 +195,8 @@ class DaemonCompileClient:
 
         def answered(f: Future[svc.CompileResult]) -> None:
             try:
-                exe = self._answer(f.result(), key)
+                result = f.result()
+                exe = self._answer(result, key)
             except DaemonUnavailable as e:
                 here(str(e))
             except Exception as e:  # noqa: BLE001  (cancelled, or the graph's error)
@@ -196,6 +205,7 @@ class DaemonCompileClient:
                 if isinstance(exe, str):
                     here(exe)
                 else:
+                    exe.waited_compile_seconds = result.modelled_seconds_waited
                     out.set_result(exe)
 
         request = compile_request(graph, target, options, debug, background=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from trnsim.compiler.compile_time import DEFAULT_SCALE
+
 NEURON_SIM_TARGET = "NEURON_SIM_TARGET"  # trn1 | trn2 (default trn2): the simulated chip
 NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
 NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issue: daemon)
@@ -15,6 +17,8 @@ NEURON_COMPILE_DEADLINE = "NEURON_COMPILE_DEADLINE"  # s a compile waits for the
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
 NEURON_PROFILE = "NEURON_PROFILE"  # trace path (profiler)
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
+NEURON_SIM_COMPILE_SCALE = "NEURON_SIM_COMPILE_SCALE"  # CPU s burnt per modelled compile s
+NEURON_SIM_COMPILE_CLOCK = "NEURON_SIM_COMPILE_CLOCK"  # on (default) | off: compiles on the clock
 NEURON_RECORD_SHAPES = "NEURON_RECORD_SHAPES"  # a file: record op signatures (client/registry.py)
 NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with them (default: script)
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
@@ -32,6 +36,7 @@ class Settings:
     eager_mode: str
     core: int
     host_costs: str
+    compile_clock: bool = True  # the simulated host waits for the modelled compile times
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -74,6 +79,23 @@ def compile_deadline_s() -> float:
     return seconds
 
 
+def compile_scale() -> float:
+    """NEURON_SIM_COMPILE_SCALE: CPU seconds a compile in this process burns per modelled
+    compile second (the daemon's workers read the same variable)."""
+    value = os.environ.get(NEURON_SIM_COMPILE_SCALE, "").strip()
+    if not value:
+        return DEFAULT_SCALE
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = -1.0
+    if not scale >= 0:
+        raise ConfigError(
+            f"{NEURON_SIM_COMPILE_SCALE}={value!r}: expected a factor >= 0, e.g. 0.05"
+        )
+    return scale
+
+
 def record_shapes() -> str:
     """NEURON_RECORD_SHAPES: the file op signatures are recorded into ("": not recording)."""
     return os.environ.get(NEURON_RECORD_SHAPES, "").strip()
@@ -90,4 +112,5 @@ def read() -> Settings:
         eager_mode=_choice(NEURON_EAGER, "eager", ("eager", "adaptive")),
         core=_core(),
         host_costs=_choice(NEURON_SIM_HOST, "modelled", ("modelled", "measured")),
+        compile_clock=_choice(NEURON_SIM_COMPILE_CLOCK, "on", ("on", "off")) == "on",
     )

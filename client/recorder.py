@@ -144,6 +144,9 @@ class GraphState:
 
     history: compile_policy.GraphHistory = field(default_factory=compile_policy.GraphHistory)
     future: Future[executable_pb2.Executable] | None = None
+    submitted_ns: int = 0  # the simulated host time the compile was asked for
+    arrived: executable_pb2.Executable | None = None  # compiled, not yet usable (sim. time)
+    ready_at_ns: int = 0
     loaded: execute.LoadedExecutable | None = None
     verified: bool = False  # the fused executable ran once without failing
     fallback: bool = False  # it failed where op by op did not: this graph runs op by op
@@ -525,20 +528,29 @@ class Recorder:
         rt.count("fused_compiles_requested")
         graph, debug = _graph(ops, input_types, observable)
         state.future = rt.submit(graph, debug)
+        state.submitted_ns = rt.host_ns
 
     def _collect(self, state: GraphState) -> None:
-        """A finished background compile becomes the graph's executable (or a failure)."""
+        """A background compile becomes the graph's executable (or a failure) once it has
+        finished and, on the simulated clock, once the modelled compile time it waited for
+        has passed since it was asked for (NEURON_SIM_COMPILE_CLOCK): until then the graph
+        runs op by op, as on the chip while the compiler works."""
         future = state.future
-        if future is None or not future.done():
+        if future is not None and future.done():
+            state.future = None
+            try:
+                exe = future.result()
+            except Exception:  # noqa: BLE001  (any failure: remember it, go on op by op)
+                state.history.failed = True
+                self.rt.count("fused_compiles_failed")
+                return
+            state.arrived = exe
+            state.ready_at_ns = state.submitted_ns + self.rt.compile_delay_ns(
+                exe.waited_compile_seconds
+            )
+        if state.arrived is None or self.rt.host_ns < state.ready_at_ns:
             return
-        state.future = None
-        try:
-            exe = future.result()
-        except Exception:  # noqa: BLE001  (any failure: remember it and keep running op by op)
-            state.history.failed = True
-            self.rt.count("fused_compiles_failed")
-            return
-        state.loaded = execute.load(exe)
+        state.loaded, state.arrived = execute.load(state.arrived), None
         state.history.ready = True
         self.rt.count("fused_compiles_ready")
 

@@ -170,8 +170,26 @@ class Runtime:
         except CompileError as e:
             raise compile_error(debug, e) from e
         self.metrics.counts["executables_compiled"] += 1
+        self.wait_for_compile(exe.waited_compile_seconds)
         loaded = self.executables[key] = execute.load(exe)
         return loaded
+
+    def wait_for_compile(self, seconds: float) -> None:
+        """The host waits for the modelled compile time it needs (NEURON_SIM_COMPILE_CLOCK)."""
+        ns = self.compile_delay_ns(seconds)
+        if ns:
+            self.timeline.host_work(ns)
+            self.metrics.counts["compile_wait_ns"] += ns
+
+    def compile_delay_ns(self, seconds: float) -> int:
+        """Simulated ns a compile that waited `seconds` (modelled) costs; 0 with the
+        compile clock off (NEURON_SIM_COMPILE_CLOCK=off)."""
+        return int(seconds * 1e9) if self.settings.compile_clock and seconds > 0 else 0
+
+    @property
+    def host_ns(self) -> int:
+        """The simulated host clock."""
+        return int(self.timeline.host_ns)
 
     def submit(
         self, graph: Graph, debug: graph_pb2.GraphDebug

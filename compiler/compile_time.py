@@ -19,6 +19,14 @@ minutes for typical graphs, up to an hour for large models; -O1 compiles fast, -
 
 from __future__ import annotations
 
+import hashlib
+import time
+
+# NEURON_SIM_COMPILE_SCALE's default: CPU seconds a compile burns per modelled second. 1/20:
+# the GPT example's fused graph (~22 s modelled at -O2) keeps a CPU busy ~1.1 s, a per-op
+# kernel ~10 ms; time to first step then shows the cost of compiling, in minutes not hours.
+DEFAULT_SCALE = 0.05
+
 FIXED_S = 0.05
 PER_INSTRUCTION_S = 0.02
 PER_KERNEL_S = 0.1
@@ -33,3 +41,17 @@ def modelled_compile_seconds(instructions: int, kernels: int, schedules_searched
         + PER_KERNEL_S * kernels
         + PER_SEARCHED_INSTRUCTION_S * instructions * max(0, schedules_searched - 1)
     )
+
+
+_BLOCK = bytes(1 << 20)
+
+
+def burn(seconds: float) -> None:
+    """Keeps this thread's CPU busy for `seconds` of its own CPU time (what a real compile
+    costs the host, NEURON_SIM_COMPILE_SCALE x the modelled time). Hashing large blocks
+    releases the GIL, so a background compile burns a CPU without stalling other threads."""
+    if seconds <= 0:
+        return
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        hashlib.sha256(_BLOCK).digest()

@@ -1,6 +1,7 @@
 """Where the daemon listens and keeps its cache, and its limits; the environment variables
 the daemon reads are read here: NEURON_CACHE_DIR, XDG_RUNTIME_DIR, XDG_CACHE_HOME,
-TRNSIM_ALLOW_TCP, and systemd's CACHE_DIRECTORY and NOTIFY_SOCKET."""
+NEURON_SIM_COMPILE_SCALE, TRNSIM_ALLOW_TCP, and systemd's CACHE_DIRECTORY and
+NOTIFY_SOCKET."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from trnsim.compiler.compile_time import DEFAULT_SCALE
 
 SYSTEM_SOCKET = "/run/trnsim/compiler.sock"
 SYSTEM_CACHE = "/var/cache/trnsim"
@@ -45,6 +47,20 @@ def default_cache_dir() -> Path:
 def system_cache_dir() -> Path:
     """The system daemon's cache: systemd's CACHE_DIRECTORY (CacheDirectory=), else /var/cache."""
     return Path(os.environ.get("CACHE_DIRECTORY", SYSTEM_CACHE))
+
+
+def compile_scale() -> float:
+    """NEURON_SIM_COMPILE_SCALE: CPU seconds a compile burns per modelled compile second."""
+    value = os.environ.get("NEURON_SIM_COMPILE_SCALE", "").strip()
+    if not value:
+        return DEFAULT_SCALE
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = -1.0
+    if not scale >= 0:
+        raise ConfigError(f"NEURON_SIM_COMPILE_SCALE={value!r}: expected a factor >= 0, e.g. 0.05")
+    return scale
 
 
 def tcp_allowed() -> bool:

@@ -29,6 +29,7 @@ class Waiter:
     priority: int
     deliver: Deliver
     joined: bool = False  # it joined a job already in flight (answered with tier JOINED)
+    arrived_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
@@ -39,6 +40,7 @@ class Job:
     waiters: list[Waiter] = field(default_factory=list)
     attempts: int = 0
     running: bool = False
+    started_at: float = 0.0  # when its (last) attempt started running
 
     @property
     def cache_key(self) -> str:
@@ -135,6 +137,7 @@ class InFlight:
                     job = min(queued, key=lambda j: priorities.rank(j.queued()))
                     job.running = True
                     job.attempts += 1
+                    job.started_at = time.monotonic()
                     return job
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -155,10 +158,12 @@ class InFlight:
         with self._cond:
             self._jobs.pop(job.key, None)
             waiters = list(job.waiters)
+        now = time.monotonic()
         for w in waiters:
             out = svc.CompileResult()
             out.CopyFrom(result)
             out.id = w.request_id
+            out.modelled_seconds_waited = result.modelled_compile_seconds * _share(job, w, now)
             if w.joined and out.WhichOneof("outcome") == "executable":
                 out.tier = svc.JOINED
             try:
@@ -192,3 +197,12 @@ class InFlight:
             running = sum(1 for j in self._jobs.values() if j.running)
             waiters = sum(len(j.waiters) for j in self._jobs.values())
         return queued, running, waiters
+
+
+def _share(job: Job, waiter: Waiter, now: float) -> float:
+    """The part of the compile a waiter waited for: all of it if it came before the compile
+    started, else the part still to run when it came (by the compile's own clock)."""
+    if waiter.arrived_at <= job.started_at:
+        return 1.0
+    ran = now - job.started_at
+    return max(0.0, min(1.0, (now - waiter.arrived_at) / ran)) if ran > 0 else 0.0

@@ -17,6 +17,7 @@ from trnsim.daemon import wire
 from trnsim.daemon.config import (
     ConfigError,
     DaemonConfig,
+    compile_scale,
     ensure_private_dir,
     socket_path,
     systemd_notify_socket,
@@ -77,6 +78,7 @@ def create_server(
             f"TCP address {address!r}: set TRNSIM_ALLOW_TCP=1 to listen beyond loopback"
         )
     config.address = address
+    compile_scale()  # (a bad NEURON_SIM_COMPILE_SCALE stops the start, not every worker)
     if not config.cache_dir.exists():  # (an existing one, shared maybe, keeps its mode)
         ensure_private_dir(config.cache_dir)
     service = service or build_service(config)

@@ -13,6 +13,8 @@ import time
 from typing import BinaryIO
 
 from trnsim import compiler
+from trnsim.compiler.compile_time import burn
+from trnsim.daemon.config import compile_scale
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos.blobs import make_blob
 
@@ -33,9 +35,10 @@ def write_message(stream: BinaryIO, data: bytes) -> None:
     stream.flush()
 
 
-def compile_request(request: svc.CompileRequest) -> svc.CompileResult:
+def compile_request(request: svc.CompileRequest, scale: float = 0.0) -> svc.CompileResult:
     """Compiles one request; compiler errors become DETERMINISTIC (OUT_OF_DEVICE_MEMORY for
-    a graph the target cannot hold), the worker's own resource errors TRANSIENT."""
+    a graph the target cannot hold), the worker's own resource errors TRANSIENT. The worker
+    then stays busy for scale x the modelled compile time (NEURON_SIM_COMPILE_SCALE)."""
     options = request.options
     if options.debug_crash_worker:
         os._exit(70)  # debug-only: a worker dying mid-compile, as an OOM kill would
@@ -60,12 +63,14 @@ def compile_request(request: svc.CompileRequest) -> svc.CompileResult:
             svc.CompileError(error_class=svc.DETERMINISTIC, message=f"{type(e).__name__}: {e}")
         )
         return result
+    burn(exe.modelled_compile_seconds * scale)
     seconds = time.perf_counter() - start
     blob = make_blob(exe.SerializeToString(), exe.format_version, exe.cache_key)
     blob.compile_seconds = seconds
     result.executable.CopyFrom(blob)
     result.cache_key = exe.cache_key
     result.compile_seconds = seconds
+    result.modelled_compile_seconds = exe.modelled_compile_seconds
     return result
 
 
@@ -73,12 +78,13 @@ def main() -> None:
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # nothing but messages on the pipe
+    scale = compile_scale()
     while True:
         data = read_message(inp)
         if data is None:
             return
         request = svc.CompileRequest.FromString(data)
-        write_message(out, compile_request(request).SerializeToString())
+        write_message(out, compile_request(request, scale).SerializeToString())
 
 
 if __name__ == "__main__":

@@ -187,3 +187,26 @@ def test_a_deterministic_error_is_remembered_and_answered_without_a_compile(serv
     assert again.result(timeout=60).error.message == "no kernel for this op"
     assert len(d.pool.taken) == 2, "the second ask for graph 4 reached no worker"
     client.close()
+
+
+def test_each_request_is_told_the_compile_time_it_waited_for(served):
+    """All of it for the request that started the compile, the rest of it for one joining
+    while it runs, none for a hit."""
+    d = served()
+    first, (a,) = _submit(d.address, request(6))
+    assert d.pool.took.wait(30)
+    second, (b,) = _submit(d.address, request(6))
+    try:
+        while daemon_stats(d.address).joins < 1:
+            pass
+        d.pool.release.set()
+        started, joined = a.result(timeout=60), b.result(timeout=60)
+        _, (hit,) = _submit(d.address, request(6))
+        hit_result = hit.result(timeout=60)
+    finally:
+        first.close()
+        second.close()
+    modelled = started.modelled_compile_seconds
+    assert modelled > 0 and started.modelled_seconds_waited == modelled
+    assert joined.tier == svc.JOINED and 0 < joined.modelled_seconds_waited < modelled
+    assert hit_result.tier == svc.MEMORY and hit_result.modelled_seconds_waited == 0
