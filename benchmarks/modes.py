@@ -5,18 +5,23 @@
 For the GPT example and an MLP, per mode (eager, adaptive; the compiled mode joins when
 torch.compile support exists): simulated step time, device busy time, real host time per
 step, launches per step and HBM bytes per step, then the ratios adaptive / eager.
-Steps alternate between the modes so both see the same machine load.
+Steps alternate between the modes so both see the same machine load. Steady state: the
+compiles are off the simulated clock (NEURON_SIM_COMPILE_CLOCK=off unless set), so adaptive
+graphs run fused once compiled; benchmarks/ttfs.py measures the first step, compiles on it.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+os.environ.setdefault("NEURON_SIM_COMPILE_CLOCK", "off")
 
 import torch
 

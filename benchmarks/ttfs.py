@@ -1,0 +1,153 @@
+"""Time to first training step of N ranks on one host, launched by the real torchrun.
+
+    python benchmarks/ttfs.py [--ranks 1,2,4,8] [--scale 1.0] [--modes eager,adaptive]
+
+Each rank (benchmarks/ttfs_rank.py) trains a small Llama-style model to its first
+optimizer.step() and loss.item(). Per mode and N, three settings in turn:
+- off:  a cold cache with the daemon off: every rank compiles everything for itself;
+- cold: a cold cache through one daemon, auto-started by the ranks (its own socket and cache);
+- warm: the same daemon again (a second launch): its cache holds every executable.
+Compiles burn `--scale` x their modelled time of CPU (NEURON_SIM_COMPILE_SCALE; 1.0: a
+modelled second of compiling is a CPU second, as on the real compiler), where they happen:
+in each rank, or in the daemon's workers. Printed per setting: wall time to first step
+(launch to the slowest rank's first loss.item()), the compile part of it (the first step's
+wall time less a steady step's), simulated time to first step, compiles made (the ranks'
+own, or the daemon's `trnsim stats`), duplicate compiles avoided, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+
+
+def launch(n: int, env: dict[str, str], out: Path) -> list[dict[str, float]]:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {**env, "TTFS_OUT": str(out), "TTFS_T0": repr(time.time())}
+    subprocess.run(
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            f"--nproc_per_node={n}",
+            str(HERE / "ttfs_rank.py"),
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+
+
+def daemon_stats(env: dict[str, str]) -> dict[str, int]:
+    out = subprocess.run(
+        [str(BIN / "trnsim"), "stats", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def stop_daemon(env: dict[str, str]) -> None:
+    subprocess.run(
+        [str(BIN / "trnsim"), "daemon", "stop"], env=env, capture_output=True, check=False
+    )
+
+
+def row(name: str, ranks: list[dict[str, float]], compiles: int, asked: int) -> dict[str, float]:
+    return {
+        "setting": name,  # type: ignore[dict-item]
+        "wall": max(r["ttfs_wall_s"] for r in ranks),
+        "compile": max(r["first_step_wall_s"] - r["steady_step_wall_s"] for r in ranks),
+        "sim": max(r["ttfs_sim_s"] for r in ranks),
+        "steady_sim_us": max(r["steady_step_sim_us"] for r in ranks),
+        "compiles": compiles,
+        "avoided": asked - compiles,
+    }
+
+
+def settings(n: int, mode: str, scale: float, work: Path) -> list[dict[str, float]]:
+    base = {
+        **os.environ,
+        "NEURON_EAGER": mode,
+        "NEURON_SIM_COMPILE_SCALE": str(scale),
+        "NEURON_SIM_COMPILE_CLOCK": "on",
+        "OMP_NUM_THREADS": "1",
+    }
+    off = launch(n, {**base, "NEURON_COMPILE_DAEMON": "off"}, work / "off")
+    asked = sum(r["executables_compiled"] for r in off)
+    rows = [row("daemon off, cold", off, asked, asked)]
+    runtime_dir = Path(tempfile.mkdtemp(prefix="ttfs-run-"))
+    os.chmod(runtime_dir, 0o700)
+    daemon_env = {
+        **base,
+        "NEURON_COMPILE_DAEMON": "auto",
+        "XDG_RUNTIME_DIR": str(runtime_dir),
+        "NEURON_CACHE_DIR": str(work / "cache"),
+    }
+    try:
+        cold = launch(n, daemon_env, work / "cold")
+        made = daemon_stats(daemon_env)
+        rows.append(row("daemon, cold cache", cold, int(made["compiles"]), asked))
+        warm = launch(n, daemon_env, work / "warm")
+        after = daemon_stats(daemon_env)
+        rows.append(
+            row("daemon, warm", warm, int(after["compiles"]) - int(made["compiles"]), asked)
+        )
+    finally:
+        stop_daemon(daemon_env)
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="1,2,4,8")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--modes", default="eager,adaptive")
+    args = parser.parse_args()
+    print(f"compile scale {args.scale} (CPU s per modelled compile s), {os.cpu_count()} CPUs")
+    single: dict[str, float] = {}
+    for mode in args.modes.split(","):
+        for n in [int(x) for x in args.ranks.split(",")]:
+            with tempfile.TemporaryDirectory(prefix="ttfs-") as tmp:
+                rows = settings(n, mode, args.scale, Path(tmp))
+            off, cold, warm = rows
+            if n == 1:
+                single[mode] = cold["wall"]
+            print(f"\n{mode}, {n} rank(s)")
+            print(
+                f"{'setting':20} {'wall s':>8} {'compile s':>10} {'sim s':>8} "
+                f"{'steady sim us':>14} {'compiles':>9} {'avoided':>8}"
+            )
+            for r in rows:
+                print(
+                    f"{r['setting']:20} {r['wall']:8.2f} {r['compile']:10.2f} {r['sim']:8.2f} "
+                    f"{r['steady_sim_us']:14.1f} {r['compiles']:9d} {r['avoided']:8d}"
+                )
+            ratios = [
+                f"cold daemon / daemon off {cold['wall'] / off['wall']:.2f}",
+                f"warm / cold compile part {warm['compile'] / cold['compile']:.3f}",
+            ]
+            if mode in single:
+                ratios.append(f"cold daemon / 1 rank's {cold['wall'] / single[mode]:.2f}")
+            print("wall: " + ", ".join(ratios))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
