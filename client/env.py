@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from trnsim.compiler.compile_time import DEFAULT_SCALE
+from trnsim.compiler.compile_time import parse_scale
 
 NEURON_SIM_TARGET = "NEURON_SIM_TARGET"  # trn1 | trn2 (default trn2): the simulated chip
 NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
@@ -82,18 +82,10 @@ def compile_deadline_s() -> float:
 def compile_scale() -> float:
     """NEURON_SIM_COMPILE_SCALE: CPU seconds a compile in this process burns per modelled
     compile second (the daemon's workers read the same variable)."""
-    value = os.environ.get(NEURON_SIM_COMPILE_SCALE, "").strip()
-    if not value:
-        return DEFAULT_SCALE
     try:
-        scale = float(value)
-    except ValueError:
-        scale = -1.0
-    if not scale >= 0:
-        raise ConfigError(
-            f"{NEURON_SIM_COMPILE_SCALE}={value!r}: expected a factor >= 0, e.g. 0.05"
-        )
-    return scale
+        return parse_scale(os.environ.get(NEURON_SIM_COMPILE_SCALE, ""))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def record_shapes() -> str:

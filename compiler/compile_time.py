@@ -27,6 +27,21 @@ import time
 # kernel ~10 ms; time to first step then shows the cost of compiling, in minutes not hours.
 DEFAULT_SCALE = 0.05
 
+
+def parse_scale(value: str) -> float:
+    """A NEURON_SIM_COMPILE_SCALE value ("": the default); ValueError for anything but a
+    factor >= 0. (The client and the daemon both read the variable, each in its config.)"""
+    if not value.strip():
+        return DEFAULT_SCALE
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = -1.0
+    if not scale >= 0:  # (NaN too)
+        raise ValueError(f"NEURON_SIM_COMPILE_SCALE={value!r}: expected a factor >= 0, e.g. 0.05")
+    return scale
+
+
 FIXED_S = 0.05
 PER_INSTRUCTION_S = 0.02
 PER_KERNEL_S = 0.1

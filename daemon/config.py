@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from trnsim.compiler.compile_time import DEFAULT_SCALE
+from trnsim.compiler.compile_time import parse_scale
 
 SYSTEM_SOCKET = "/run/trnsim/compiler.sock"
 SYSTEM_CACHE = "/var/cache/trnsim"
@@ -51,16 +51,10 @@ def system_cache_dir() -> Path:
 
 def compile_scale() -> float:
     """NEURON_SIM_COMPILE_SCALE: CPU seconds a compile burns per modelled compile second."""
-    value = os.environ.get("NEURON_SIM_COMPILE_SCALE", "").strip()
-    if not value:
-        return DEFAULT_SCALE
     try:
-        scale = float(value)
-    except ValueError:
-        scale = -1.0
-    if not scale >= 0:
-        raise ConfigError(f"NEURON_SIM_COMPILE_SCALE={value!r}: expected a factor >= 0, e.g. 0.05")
-    return scale
+        return parse_scale(os.environ.get("NEURON_SIM_COMPILE_SCALE", ""))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def tcp_allowed() -> bool:

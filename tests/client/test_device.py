@@ -126,6 +126,14 @@ def test_the_compile_settings_are_read_in_env(monkeypatch):
         monkeypatch.setenv("NEURON_COMPILE_DEADLINE", bad)
         with pytest.raises(env.ConfigError, match="expected seconds"):
             env.compile_deadline_s()
+    monkeypatch.setenv("NEURON_SIM_COMPILE_SCALE", "")
+    assert env.compile_scale() == 0.05
+    monkeypatch.setenv("NEURON_SIM_COMPILE_SCALE", "1")
+    assert env.compile_scale() == 1.0
+    for bad in ("fast", "-1", "nan"):
+        monkeypatch.setenv("NEURON_SIM_COMPILE_SCALE", bad)
+        with pytest.raises(env.ConfigError, match="expected a factor"):
+            env.compile_scale()
 
 
 def test_target_from_env_in_a_fresh_process():
