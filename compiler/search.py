@@ -154,8 +154,8 @@ class Search:
         kernels = self.kernels(groups, layouts, {})
         busy: dict[str, float] = {}
         movable = [i for i, k in enumerate(kernels) if k.klass in ENGINE_CHOICES]
-        for i, k in enumerate(kernels):
-            if i not in movable and k.klass != C.VIEW:
+        for k in kernels:
+            if k.klass not in ENGINE_CHOICES and k.klass != C.VIEW:
                 busy[k.engine_name] = busy.get(k.engine_name, 0.0) + k.cost.ns
         layout_of = {
             i: spread for group, spread in zip(groups, layouts, strict=True) for i in group
