@@ -85,12 +85,13 @@ class InProcessCompileClient:
         target: str,
         options: executable_pb2.CompileOptions,
         debug: graph_pb2.GraphDebug | None,
+        background: bool = False,
     ) -> executable_pb2.Executable:
         """Compiled here: this process waits for all of its modelled compile time, and burns
-        NEURON_SIM_COMPILE_SCALE x that of CPU."""
+        NEURON_SIM_COMPILE_SCALE x that of CPU (at the lowest priority for a background one)."""
         self.compiles += 1
         exe = compiler.compile(graph, target, options, debug)
-        burn(exe.modelled_compile_seconds * self.scale)
+        burn(exe.modelled_compile_seconds * self.scale, background)
         exe.waited_compile_seconds = exe.modelled_compile_seconds
         return exe
 
@@ -104,7 +105,7 @@ class InProcessCompileClient:
         """On one background thread (the compiler is pure Python: more would only contend)."""
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="trnsim-compile")
-        return self._background.submit(self.compile, graph, target, options, debug)
+        return self._background.submit(self.compile, graph, target, options, debug, True)
 
     def close(self) -> None:
         if self._background is not None:

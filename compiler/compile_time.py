@@ -19,7 +19,10 @@ minutes for typical graphs, up to an hour for large models; -O1 compiles fast, -
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import threading
 import time
 
 # NEURON_SIM_COMPILE_SCALE's default: CPU seconds a compile burns per modelled second. 1/20:
@@ -61,12 +64,30 @@ def modelled_compile_seconds(instructions: int, kernels: int, schedules_searched
 _BLOCK = bytes(1 << 20)
 
 
-def burn(seconds: float) -> None:
-    """Keeps this thread's CPU busy for `seconds` of its own CPU time (what a real compile
-    costs the host, NEURON_SIM_COMPILE_SCALE x the modelled time). Hashing large blocks
-    releases the GIL, so a background compile burns a CPU without stalling other threads."""
+def burn(seconds: float, background: bool = False) -> None:
+    """Keeps a CPU busy for `seconds` of CPU time (what a real compile costs the host,
+    NEURON_SIM_COMPILE_SCALE x the modelled time). Hashing large blocks releases the GIL, so
+    a compile on a background thread burns a CPU without stalling the others. A background
+    compile (adaptive mode's fused graphs) burns at the lowest CPU priority, on a thread of
+    its own (Linux niceness is per thread, and that thread ends with it): it takes what the
+    training processes and the blocking compiles leave."""
     if seconds <= 0:
         return
+    if not background:
+        _spin(seconds)
+        return
+
+    def low() -> None:
+        with contextlib.suppress(OSError):  # (no per-thread niceness here: normal priority)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        _spin(seconds)
+
+    thread = threading.Thread(target=low, name="compile-burn", daemon=True)
+    thread.start()
+    thread.join()
+
+
+def _spin(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         hashlib.sha256(_BLOCK).digest()

@@ -63,7 +63,7 @@ def compile_request(request: svc.CompileRequest, scale: float = 0.0) -> svc.Comp
             svc.CompileError(error_class=svc.DETERMINISTIC, message=f"{type(e).__name__}: {e}")
         )
         return result
-    burn(exe.modelled_compile_seconds * scale)
+    burn(exe.modelled_compile_seconds * scale, background=request.priority == svc.BACKGROUND)
     seconds = time.perf_counter() - start
     blob = make_blob(exe.SerializeToString(), exe.format_version, exe.cache_key)
     blob.compile_seconds = seconds

@@ -88,3 +88,6 @@ def test_burning_keeps_the_cpu_busy_for_the_time_asked():
     start = time.thread_time()
     burn(0.05)
     assert time.thread_time() - start >= 0.05
+    start = time.process_time()
+    burn(0.05, background=True)  # (on a thread of its own, at the lowest priority)
+    assert time.process_time() - start >= 0.05
