@@ -123,15 +123,25 @@ class InFlight:
                     del self._jobs[key]
                     self.dropped += 1
 
-    def next_job(self, timeout: float | None = None) -> Job | None:
-        """Blocks until a runnable job is queued (or the table closes); marks it running."""
+    def next_job(
+        self, timeout: float | None = None, background_slots: int | None = None
+    ) -> Job | None:
+        """Blocks until a runnable job is queued (or the table closes); marks it running.
+        With background_slots, a background job starts only while fewer than that many run
+        (priorities.may_start: a worker stays free for blocking compiles)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        slots = len(self._jobs) + 1 if background_slots is None else background_slots
         with self._cond:
             while not self.closed:
+                background = sum(
+                    1
+                    for j in self._jobs.values()
+                    if j.running and j.queued().priority == priorities.BACKGROUND
+                )
                 queued = [
                     j
                     for j in self._jobs.values()
-                    if not j.running and priorities.runnable(j.queued())
+                    if not j.running and priorities.may_start(j.queued(), background, slots)
                 ]
                 if queued:
                     job = min(queued, key=lambda j: priorities.rank(j.queued()))

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from trnsim.daemon.inflight import InFlight, Job
 from trnsim.daemon.worker import read_message, write_message
 from trnsim.protos import compile_service_pb2 as svc
+from trnsim.scheduler import priorities
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,9 @@ class WorkerPool:
                 if proc is None or not proc.alive():  # (an idle worker killed by the OOM killer)
                     proc = self._replace(proc, "an idle compile worker died")
                     continue
-                job = self.inflight.next_job(timeout=0.5)
+                job = self.inflight.next_job(
+                    timeout=0.5, background_slots=priorities.background_slots(self.size)
+                )
                 if job is None:
                     continue
                 proc = self._run_job(proc, job)

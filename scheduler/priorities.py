@@ -2,6 +2,8 @@
 
 Blocking requests (a step waits) before background ones; then the job more processes are
 waiting for; then the oldest. A job nobody waits for any more is not compiled at all.
+Background jobs never hold every worker: one is kept for the blocking compiles a step may
+ask for at any moment (a background compile of a fused graph can take tens of seconds).
 """
 
 from __future__ import annotations
@@ -32,3 +34,14 @@ def runnable(job: QueuedJob) -> bool:
 def most_urgent(priorities: list[int]) -> int:
     """The job's priority when several waiters asked with different ones."""
     return BLOCKING if BLOCKING in priorities or not priorities else BACKGROUND
+
+
+def background_slots(workers: int) -> int:
+    """How many workers may run background jobs at once: all but one (one, with one)."""
+    return max(1, workers - 1)
+
+
+def may_start(job: QueuedJob, background_running: int, slots: int) -> bool:
+    """Whether a queued job may start now, with `background_running` background jobs
+    running and `slots` workers allowed to run them."""
+    return runnable(job) and (job.priority == BLOCKING or background_running < slots)

@@ -277,3 +277,21 @@ def test_a_job_that_kills_its_worker_twice_is_answered_transient_and_one_over_ti
         assert pool.restarts == 3 and pool.alive() == 1  # two crashes and a kill, all replaced
     finally:
         pool.stop()
+
+
+def test_background_jobs_never_take_the_last_free_worker():
+    """With one background slot (two workers), a second background job waits while one
+    runs; a blocking job still starts."""
+    table, got = InFlight(), []
+    table.open_stream(1)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got, svc.BACKGROUND))
+    table.submit(KEY_B, _request(), _waiter(1, 2, got, svc.BACKGROUND))
+    first = table.next_job(timeout=1, background_slots=1)
+    assert first is not None and first.key == KEY_A
+    assert table.next_job(timeout=0.05, background_slots=1) is None, "KEY_B waits"
+    table.submit(KEY_C, _request(), _waiter(1, 3, got, svc.BLOCKING))
+    blocking = table.next_job(timeout=1, background_slots=1)
+    assert blocking is not None and blocking.key == KEY_C
+    table.finish(first, svc.CompileResult(executable=_blob(KEY_A)))
+    second = table.next_job(timeout=1, background_slots=1)
+    assert second is not None and second.key == KEY_B
