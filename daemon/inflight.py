@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,7 +131,7 @@ class InFlight:
         With background_slots, a background job starts only while fewer than that many run
         (priorities.may_start: a worker stays free for blocking compiles)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        slots = len(self._jobs) + 1 if background_slots is None else background_slots
+        slots = sys.maxsize if background_slots is None else background_slots
         with self._cond:
             while not self.closed:
                 background = sum(
