@@ -10,8 +10,8 @@ cancelled, never starts a compile nobody waits for.
 from __future__ import annotations
 
 import logging
-import threading
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
