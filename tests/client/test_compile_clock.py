@@ -43,7 +43,7 @@ for _ in range(3):
 for s in rt.recorder.graphs.values():  # the background compile is done (real time)
     while s.future is not None and not s.future.done():
         time.sleep(0.01)
-for _ in range(20):
+for _ in range(5):
     step()
 states = [s for s in rt.recorder.graphs.values() if s.history.requested]
 m = torch.neuron.metrics()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -136,6 +137,7 @@ def test_requests_for_one_graph_from_two_clients_join_one_compile(served):
     try:
         stats = daemon_stats(d.address)
         while stats.joins < 1:  # (the second request is still on its way through the I/O pool)
+            time.sleep(0.01)
             stats = daemon_stats(d.address)
         d.pool.release.set()
         results = [a.result(timeout=60), b.result(timeout=60)]
@@ -198,7 +200,7 @@ def test_each_request_is_told_the_compile_time_it_waited_for(served):
     second, (b,) = _submit(d.address, request(6))
     try:
         while daemon_stats(d.address).joins < 1:
-            pass
+            time.sleep(0.01)
         d.pool.release.set()
         started, joined = a.result(timeout=60), b.result(timeout=60)
         _, (hit,) = _submit(d.address, request(6))
