@@ -27,6 +27,7 @@ from trnsim.client.ops import (
     OpSpec,
     Return,
     graph_arg,
+    spec_for,
     tensor_type,
 )
 from trnsim.client.pinned import is_pinned
@@ -53,8 +54,8 @@ _READY: dict[Any, OpSpec] = {}  # op -> its spec, with the handler that runs it 
 def kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     """The PrivateUse1 kernel of every ATen op (fallback and direct registrations)."""
     spec = _READY.get(op)
-    if spec is None:
-        spec = _READY[op] = OpSpec(op)
+    if spec is None:  # (the op layer's one spec of the op, given the handler that runs it here)
+        spec = _READY[op] = spec_for(op)
         spec.handler = _SPECIAL.get(spec.name, _view if spec.is_view else run_op)
     if shapes.active is not None:  # NEURON_RECORD_SHAPES
         shapes.active.add(spec.name, signature(spec, args, kwargs)[0], args, kwargs)

@@ -59,7 +59,7 @@ class OpSpec:
         "writes",
     )
 
-    def __init__(self, op: Any, handler: Handler | None = None) -> None:
+    def __init__(self, op: Any) -> None:
         schema = op._schema
         self.op = op
         self.name = f"{schema.name}.{schema.overload_name or 'default'}"
@@ -94,8 +94,8 @@ class OpSpec:
         self.is_view = any(
             r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
         )
-        # How the eager dispatcher runs it (set by dispatch.py; None for specs built here)
-        self.handler = handler
+        # How the eager dispatcher runs it (set by dispatch.py when it first meets the op)
+        self.handler: Handler | None = None
 
 
 _SPECS: dict[Any, OpSpec] = {}
@@ -179,11 +179,13 @@ class Entry:
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)
     fresh_nbytes: int = field(init=False)  # bytes of all the new tensors it makes
+    outputs: list[Return] = field(init=False)  # one per executable output (flat_returns)
 
     def __post_init__(self) -> None:
         simple = len(self.returns) == 1 and self.returns[0].kind is FRESH and not self.dynamic
         self.one_fresh_output = self.returns[0].nbytes if simple else None
         self.fresh_nbytes = sum(sum(r.sizes) for r in self.returns)
+        self.outputs = flat_returns(self.returns)
 
 
 # -- arguments as a graph carries them ------------------------------------------------------------

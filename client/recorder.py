@@ -34,7 +34,6 @@ from trnsim.client.ops import (
     NOT_RECORDED,
     Entry,
     OpSpec,
-    flat_returns,
     graph_arg,
     spec_for,
 )
@@ -103,9 +102,8 @@ class RecOp:
     scalar_offset: int
     entry: Entry | None  # (None for views)
     scalars: list[Any]
-    storages: list[
-        torch.UntypedStorage
-    ]  # the device storage of each new tensor (held, not its tensor)
+    # The device storage of each new tensor (held, not its tensor).
+    storages: list[torch.UntypedStorage]
     hosts: list[Tensor]  # the CPU tensors whose memory those storages are
     location: tuple[str, int, str]
     view: ViewCall | None = None
@@ -424,7 +422,7 @@ class Recorder:
                     continue
                 results = entry.loaded.run(args, op.scalars, rt.generator)
                 made = iter(op.hosts)
-                kinds = flat_returns(entry.returns)
+                kinds = entry.outputs
                 if len(kinds) != len(results):
                     raise RuntimeError(f"{len(results)} results where {len(kinds)} were recorded")
                 for j, (r, result) in enumerate(zip(kinds, results, strict=True)):
@@ -645,7 +643,7 @@ def _geometry(t: Tensor, storage_ptr: int) -> Geometry:
 def _fresh_slots(entry: Entry) -> list[int]:
     """The node output index of each new tensor the op makes (in-place results and absent
     optional outputs take output slots too)."""
-    return [j for j, r in enumerate(flat_returns(entry.returns)) if r.kind is FRESH]
+    return [j for j, r in enumerate(entry.outputs) if r.kind is FRESH]
 
 
 def _shift_scalars(node: Node, offset: int) -> Node:
