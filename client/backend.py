@@ -138,3 +138,7 @@ def register() -> None:
     from trnsim.client import autocast
 
     _state["autocast"] = autocast.register()
+    if torch.distributed.is_available():
+        from trnsim.client import distributed
+
+        distributed.register()  # init_process_group("neuron"), DDP, FSDP2, DTensor

@@ -423,6 +423,6 @@ def make_client() -> CompileClient:
     if setting == "off":
         return InProcessCompileClient()
     if setting == "auto":
-        return DaemonCompileClient(default_address(), auto_start=True)
+        return DaemonCompileClient(default_address(env.sim_node()), auto_start=True)
     address = setting if setting.startswith("unix:") or ":" in setting else f"unix:{setting}"
     return DaemonCompileClient(address, auto_start=False)

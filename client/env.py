@@ -6,6 +6,7 @@ NOTIFY_SOCKET) are read in daemon/config.py: the daemon imports nothing of the c
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 from trnsim.compiler.compile_time import parse_scale
@@ -22,6 +23,10 @@ NEURON_SIM_COMPILE_CLOCK = "NEURON_SIM_COMPILE_CLOCK"  # on (default) | off: com
 NEURON_RECORD_SHAPES = "NEURON_RECORD_SHAPES"  # a file: record op signatures (client/registry.py)
 NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with them (default: script)
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
+NEURON_SIM_NODE = "NEURON_SIM_NODE"  # the simulated host this process is on (default: below)
+# Set by torchrun: with more ranks in the job than on this node, the node rank names the host,
+# so two torchrun --nnodes 2 launches on one machine are two simulated hosts.
+GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE = "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
 
 TARGETS = ("trn1", "trn2")
 
@@ -86,6 +91,28 @@ def compile_scale() -> float:
         return parse_scale(os.environ.get(NEURON_SIM_COMPILE_SCALE, ""))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def sim_node() -> str | None:
+    """NEURON_SIM_NODE, else "node<GROUP_RANK>" in a torchrun job spanning several nodes,
+    else None (the machine is the host). Collectives between different nodes go over EFA,
+    and each node starts its own compile daemon."""
+    node = os.environ.get(NEURON_SIM_NODE, "").strip()
+    if node:
+        if not all(c.isalnum() or c in "-_." for c in node):
+            raise ConfigError(f"{NEURON_SIM_NODE}={node!r}: use letters, digits, '-', '_', '.'")
+        return node
+    try:
+        world = int(os.environ.get(WORLD_SIZE, "1"))
+        local = int(os.environ.get(LOCAL_WORLD_SIZE, str(world)))
+        group = int(os.environ.get(GROUP_RANK, "0"))
+    except ValueError:
+        return None
+    return f"node{group}" if world > local else None
+
+
+def hostname() -> str:
+    return socket.gethostname()
 
 
 def record_shapes() -> str:

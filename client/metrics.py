@@ -31,6 +31,9 @@ COUNTERS = (
     "fused_compiles_failed",
     "fused_fallbacks",  # graphs whose fused executable failed once: op by op from then on
     "internal_outputs",  # recorded outputs nobody could observe: never in HBM
+    # torch.distributed on the neuron backend (client/distributed.py).
+    "collectives",  # collectives and point-to-point transfers on the collective queues
+    "collective_bytes",  # the bytes they were priced for
 )
 
 

@@ -22,7 +22,7 @@ from trnsim.compiler.graph import Graph, to_proto
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import cost_model, execute
 from trnsim.simulator.config import Target, get_target
-from trnsim.simulator.device import Timeline
+from trnsim.simulator.device import Event, Timeline
 from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
 
 DEFAULT_SEED = 67280421310721  # PyTorch's default seed for device generators
@@ -77,9 +77,14 @@ class Runtime:
         self.measured_host = settings.host_costs == "measured"
         self._host_mark = time.perf_counter_ns()
         self._blocks: dict[int, tuple[weakref.ref[Any], Block, int]] = {}
+        self._block_keys: dict[int, int] = {}  # data_ptr -> its key in _blocks
+        self._parked: dict[int, int] = {}  # data_ptr -> bytes, of storages park()ed
         # data_ptr of each live device storage -> the CPU tensor it was made from (same
         # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
         self.hosts: dict[int, torch.Tensor] = {}
+        # storage data_ptr -> simulated end of a collective writing it that nobody waited
+        # for (client/distributed.py): the first op that reads it waits (await_collectives).
+        self.awaiting: dict[int, int] = {}
         self.recorder: Recording | None = None  # adaptive mode's (client/recorder.py)
         self._recorder_kept: Recording | None = None  # (its graphs, while in eager mode)
         self.set_mode(settings.eager_mode)
@@ -128,14 +133,37 @@ class Runtime:
         ptr = storage.data_ptr() if block.requested and not host.is_complex() else 0
         if ptr:
             self.hosts[ptr] = host
+            self._block_keys[ptr] = id(ref)
         self._blocks[id(ref)] = (ref, block, ptr)
 
     def _release(self, ref: weakref.ref[Any]) -> None:
         entry = self._blocks.pop(id(ref), None)
         if entry is not None:
-            self.allocator.free(entry[1])
+            if self._parked.pop(entry[2], None) is None:  # (a parked one's block is gone)
+                self.allocator.free(entry[1])
             if entry[2]:
                 self.hosts.pop(entry[2], None)
+                self._block_keys.pop(entry[2], None)
+
+    def park(self, storage: Any) -> None:
+        """A storage its owner calls freed while keeping the object (FSDP2 resizes an
+        unsharded parameter's storage to 0 bytes): its HBM goes back to the allocator. A
+        neuron storage cannot change size (PyTorch gives Python backends no storage
+        resize), so its host memory stays until unpark() or the storage dies."""
+        key = self._block_keys.get(storage.data_ptr(), -1)
+        entry = self._blocks.get(key)
+        if entry is not None and entry[2] not in self._parked:
+            self.flush("hazard")
+            self.allocator.free(entry[1])  # (the allocator may hand the Block out again)
+            self._parked[entry[2]] = entry[1].requested
+
+    def unpark(self, storage: Any) -> None:
+        """The storage is in use again: it takes HBM again (OutOfMemoryError if none)."""
+        key = self._block_keys.get(storage.data_ptr(), -1)
+        entry = self._blocks.get(key)
+        if entry is not None and entry[2] in self._parked:
+            block = self.allocate(self._parked.pop(entry[2]))
+            self._blocks[key] = (entry[0], block, entry[2])
 
     def host_alias(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU tensor over a neuron tensor's memory: the allocation's own CPU tensor when
@@ -222,6 +250,20 @@ class Runtime:
         if loaded.modelled_ns:
             timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
+
+    def await_collectives(self, tensors: list[torch.Tensor]) -> None:
+        """The current stream waits for the collectives writing any of these tensors (an
+        output read through a future, as DDP reads its buckets, rather than after
+        work.wait()). Entries for collectives already over on the host's clock go."""
+        awaiting = self.awaiting
+        for t in tensors:
+            if not t.is_cpu:
+                end = awaiting.pop(t.untyped_storage().data_ptr(), None)
+                if end is not None:
+                    self.timeline.stream_wait_event(Event(end), self.stream)
+        host = self.timeline.host_ns
+        for ptr in [p for p, end in awaiting.items() if end <= host]:
+            del awaiting[ptr]
 
     def host_work(self, ns: int) -> None:
         """Host time spent on the runtime's own work (recording an op, say)."""

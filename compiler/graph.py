@@ -135,7 +135,7 @@ class Node:
 
     def tensor_args(self) -> Iterator[Value]:
         for _, value in self.args:
-            yield from _values_in(value)
+            yield from values_in(value)
 
     def arg(self, name: str, default: ArgValue = None) -> ArgValue:
         for arg_name, value in self.args:
@@ -150,17 +150,18 @@ class Node:
         """Every tensor value the node writes (through aliases or mutated arguments)."""
         for a in self.aliases:
             if a.writes:
-                yield from _values_in(self.args[a.argument][1])
+                yield from values_in(self.args[a.argument][1])
         for i in self.mutated_args:
-            yield from _values_in(self.args[i][1])
+            yield from values_in(self.args[i][1])
 
 
-def _values_in(value: ArgValue) -> Iterator[Value]:
+def values_in(value: ArgValue) -> Iterator[Value]:
+    """The tensor values in an argument (a value, or lists of them)."""
     if isinstance(value, Value):
         yield value
     elif isinstance(value, tuple):
         for item in value:
-            yield from _values_in(item)
+            yield from values_in(item)
 
 
 def _scalars_in(value: ArgValue) -> Iterator[ScalarInput]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trnsim.compiler import op_table
-from trnsim.compiler.graph import Graph, Node, TensorType, Value
+from trnsim.compiler.graph import Graph, Node, TensorType, Value, values_in
 from trnsim.compiler.memory_plan import MemoryPlan
 from trnsim.protos import executable_pb2 as ex
 from trnsim.simulator import cost_model, dtypes
@@ -70,6 +70,27 @@ def _tile_bytes(t: TensorType, target: Target) -> int:
     return min(t.nbytes, target.partitions * cost_model.TILE_ELEMENTS_PER_PARTITION * t.itemsize)
 
 
+def _staging_bytes(g: Graph, node: Node, ins: list[TensorType], target: Target) -> int:
+    """SBUF for one step of the kernel, double-buffered: a tile of every operand. A foreach
+    op steps through its lists one index at a time, so only the i-th members of its lists
+    (and its plain tensor operands) are staged together."""
+    if not node.name.startswith("aten::_foreach_"):
+        return 2 * sum(_tile_bytes(t, target) for t in [*ins, *node.outputs])
+    per_index: dict[int, int] = {}
+    common = 0
+    for _, value in node.args:
+        if isinstance(value, tuple):
+            for i, item in enumerate(value):
+                for v in values_in(item):
+                    per_index[i] = per_index.get(i, 0) + _tile_bytes(g.type_of(v), target)
+        else:
+            common += sum(_tile_bytes(g.type_of(v), target) for v in values_in(value))
+    length = max(len(per_index), 1)
+    for j, t in enumerate(node.outputs):
+        per_index[j % length] = per_index.get(j % length, 0) + _tile_bytes(t, target)
+    return 2 * (max(per_index.values(), default=0) + common)
+
+
 def gemm_reload_bytes(shape: op_table.GemmShape, itemsize: int, sbuf_budget: int) -> int:
     """HBM bytes a blocked GEMM reads beyond each operand once: when both operands do not
     fit in half of SBUF, panels of one are reloaded for every block of the other."""
@@ -102,7 +123,7 @@ def kernel_for(g: Graph, node: Node, target: Target, sbuf_budget: int, engine: s
     out_elems = max((t.numel for t in node.outputs), default=0)
     in_elems = max((t.numel for t in ins), default=0)
     low = _low_precision(ins or list(node.outputs))
-    sbuf = 2 * sum(_tile_bytes(t, target) for t in [*ins, *node.outputs])
+    sbuf = _staging_bytes(g, node, ins, target)
     if klass == C.VIEW:
         return Kernel(klass, Cost.zero())
     if klass in (C.DMA_COPY, C.COLLECTIVE):

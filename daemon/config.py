@@ -32,8 +32,11 @@ def user_runtime_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"trnsim-{getpass.getuser()}"
 
 
-def default_address() -> str:
-    return f"unix:{user_runtime_dir() / 'compiler.sock'}"
+def default_address(node: str | None = None) -> str:
+    """This user's daemon socket; a simulated host (node) other than the machine itself
+    has its own daemon: compiler-<node>.sock."""
+    name = f"compiler-{node}.sock" if node else "compiler.sock"
+    return f"unix:{user_runtime_dir() / name}"
 
 
 def default_cache_dir() -> Path:

@@ -60,13 +60,21 @@ class Target:
     collective_hop_ns: int
     collective_hop_internode_ns: int
     collective_gbps: float
-    collective_internode_gbps: float
+    collective_internode_gbps: float  # one core's EFA share at most
+    collective_chunk_bytes: int  # a tree pipelines its message in chunks of this size [E]
+    # The instance: chips per host and the host's EFA bandwidth (GB/s), shared by its cores.
+    chips_per_host: int
+    efa_host_gbps: float
     # Published peak per core, for the cost model's own tests (TFLOPS).
     peak_bf16_tflops: float
     peak_fp32_tflops: float
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @property
+    def cores_per_host(self) -> int:
+        return self.chips_per_host * self.cores_per_chip
 
     @property
     def dma_gbps(self) -> float:
@@ -109,6 +117,9 @@ TRN1 = Target(
     collective_hop_internode_ns=15_000,
     collective_gbps=55.0,
     collective_internode_gbps=12.5,  # [E] 100 Gb/s EFA share per core
+    collective_chunk_bytes=1 * MiB,
+    chips_per_host=16,  # trn1.32xlarge
+    efa_host_gbps=100.0,  # trn1.32xlarge: 800 Gb/s EFA
     peak_bf16_tflops=92.0,
     peak_fp32_tflops=23.0,
 )
@@ -148,6 +159,9 @@ TRN2 = Target(
     collective_hop_internode_ns=15_000,
     collective_gbps=100.0,
     collective_internode_gbps=25.0,  # [E]
+    collective_chunk_bytes=1 * MiB,
+    chips_per_host=16,  # trn2.48xlarge
+    efa_host_gbps=400.0,  # trn2.48xlarge: 3.2 Tb/s EFAv3
     peak_bf16_tflops=79.0,
     peak_fp32_tflops=20.0,
 )

@@ -178,19 +178,132 @@ def launch_ns(target: Target) -> int:
     return target.launch_overhead_ns
 
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a group's ranks are: how many, on how many hosts, and the most on one host."""
+
+    ranks: int
+    hosts: int = 1
+    local: int = 0  # ranks on the fullest host (0: ranks / hosts, rounded up)
+
+    @property
+    def per_host(self) -> int:
+        return self.local or -(-self.ranks // self.hosts)
+
+    @staticmethod
+    def of(host_of_rank: list[str] | list[int]) -> Topology:
+        """The topology of a group from each rank's host (any hashable names)."""
+        counts: dict[object, int] = {}
+        for h in host_of_rank:
+            counts[h] = counts.get(h, 0) + 1
+        return Topology(len(host_of_rank), len(counts), max(counts.values(), default=0))
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    ns: float
+    algorithm: str  # "ring" | "tree" | "hierarchical" | "pairwise" | "none"
+    link: str  # "neuronlink" | "efa" | "none"
+    gbps: float  # bandwidth of the slowest link the data crosses (per rank)
+
+
+def _ring(steps: int, moved: float, hop_ns: float, gbps: float, alpha0: float) -> float:
+    return alpha0 + steps * hop_ns + moved / gbps
+
+
+def _tree(depth: int, nbytes: int, hop_ns: float, gbps: float, alpha0: float, chunk: int) -> float:
+    """A pipelined tree of `depth` levels: the message goes in chunks; a chunk step is a hop
+    plus the chunk sent to two children (or received from two)."""
+    chunks = max(1, -(-nbytes // chunk))
+    size = nbytes / chunks
+    return alpha0 + (depth + chunks - 1) * (hop_ns + 2 * size / gbps)
+
+
+def _flat(
+    target: Target, kind: str, n: int, nbytes: int, efa: bool, gbps: float
+) -> tuple[float, str]:
+    """One level: the ring (and, for all-reduce and broadcast, the tree when it is faster:
+    latency-bound messages at many ranks), over links of `gbps` per rank."""
+    hop = target.collective_hop_internode_ns if efa else target.collective_hop_ns
+    a0 = target.collective_alpha0_ns
+    if n <= 1:
+        return 0.0, "none"
+    if kind == "all_reduce":
+        ring = _ring(2 * (n - 1), 2 * (n - 1) / n * nbytes, hop, gbps, a0)
+        depth = 2 * math.ceil(math.log2(n))  # reduce up, broadcast down
+        tree = _tree(depth, nbytes, hop, gbps, a0, target.collective_chunk_bytes)
+        return (ring, "ring") if ring <= tree else (tree, "tree")
+    if kind in ("all_gather", "reduce_scatter"):
+        return _ring(n - 1, (n - 1) / n * nbytes, hop, gbps, a0), "ring"
+    if kind == "broadcast":
+        chain = _ring(n - 1, nbytes, hop, gbps, a0)  # a pipelined chain
+        tree = _tree(math.ceil(math.log2(n)), nbytes, hop, gbps, a0, target.collective_chunk_bytes)
+        return (chain, "ring") if chain <= tree else (tree, "tree")
+    if kind == "all_to_all":
+        return _ring(n - 1, (n - 1) / n * nbytes, hop, gbps, a0), "pairwise"
+    # send: one hop
+    return a0 + hop + nbytes / gbps, "pairwise"
+
+
+def collective_cost(target: Target, kind: str, nbytes: int, topology: Topology) -> CollectiveCost:
+    """Time of one collective over a group. nbytes is the buffer one rank holds for
+    all-reduce and broadcast, the whole gathered (or to-be-scattered) buffer for all-gather
+    and reduce-scatter, one rank's send buffer for all-to-all, the message for send.
+
+    Inside one host the ranks form a ring over NeuronLink (or a tree, when faster). Across
+    hosts the work is hierarchical: the ranks with the same local index form rails that
+    cross hosts over EFA (a host's EFA bandwidth shared by its ranks), and each host's ranks
+    finish over NeuronLink: all-reduce = reduce-scatter inside + all-reduce across (1/L of
+    the data) + all-gather inside."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; use one of {COLLECTIVES}")
+    n, hosts = topology.ranks, topology.hosts
+    if n <= 1:
+        return CollectiveCost(0.0, "none", "none", 0.0)
+    nl = target.collective_gbps
+    if hosts <= 1:
+        ns, algorithm = _flat(target, kind, n, nbytes, False, nl)
+        return CollectiveCost(ns, algorithm, "neuronlink", nl)
+    local = topology.per_host
+    efa = min(target.collective_internode_gbps, target.efa_host_gbps / local)
+    if kind == "send" or local <= 1:
+        ns, algorithm = _flat(target, kind, n, nbytes, True, efa)
+        return CollectiveCost(ns, algorithm, "efa", efa)
+    if kind == "all_to_all":  # each rank's data: (L-1)/N over NeuronLink, (N-L)/N over EFA
+        inside, _ = _flat(target, kind, local, nbytes * local // n, False, nl)
+        across = _ring(
+            n - local, (n - local) / n * nbytes, target.collective_hop_internode_ns, efa, 0
+        )
+        return CollectiveCost(inside + across, "pairwise", "efa", efa)
+    if kind == "broadcast":
+        across, _ = _flat(target, kind, hosts, nbytes, True, efa)
+        inside, _ = _flat(target, kind, local, nbytes, False, nl)
+        return CollectiveCost(across + inside, "hierarchical", "efa", efa)
+    inside, _ = _flat(target, "all_gather", local, nbytes, False, nl)
+    if kind == "all_reduce":
+        across, _ = _flat(target, "all_reduce", hosts, nbytes // local, True, efa)
+        return CollectiveCost(2 * inside + across, "hierarchical", "efa", efa)
+    across, _ = _flat(target, kind, hosts, nbytes // local, True, efa)
+    return CollectiveCost(inside + across, "hierarchical", "efa", efa)
 
 
 def collective_ns(
     target: Target, kind: str, ranks: int, nbytes: int, inter_node: bool = False
 ) -> float:
-    """Ring collective time: alpha0 + hops x alpha_hop + bytes moved / bus bandwidth."""
-    if kind not in COLLECTIVES:
-        raise ValueError(f"unknown collective {kind!r}; use one of {COLLECTIVES}")
-    if ranks <= 1:
+    """Time of a collective over `ranks` ranks, all on one host or each on its own."""
+    topology = Topology(ranks, ranks if inter_node else 1)
+    return collective_cost(target, kind, nbytes, topology).ns
+
+
+def bus_gbps(kind: str, nbytes: int, ranks: int, ns: float) -> float:
+    """The bus bandwidth a collective's time implies (nccl-tests' definition): the algorithm
+    bandwidth nbytes / time, times the share of the data each rank must move."""
+    if ns <= 0 or ranks <= 1:
         return 0.0
-    hop = target.collective_hop_internode_ns if inter_node else target.collective_hop_ns
-    gbps = target.collective_internode_gbps if inter_node else target.collective_gbps
-    steps = 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
-    moved = steps / ranks * nbytes
-    return target.collective_alpha0_ns + steps * hop + moved / gbps
+    factor = {"all_reduce": 2 * (ranks - 1) / ranks, "broadcast": 1.0, "send": 1.0}.get(
+        kind, (ranks - 1) / ranks
+    )
+    return nbytes / ns * factor

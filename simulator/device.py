@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from trnsim.simulator.config import Target
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma", "collective")
 
 
 class Launch(NamedTuple):
@@ -103,6 +103,25 @@ class Timeline:
         for engine, ns in engine_ns.items():
             busy[engine] += ns
         return start
+
+    def ready_ns(self, stream: int) -> int:
+        """When work submitted now on a stream could start: the host's time or the end of
+        the stream's earlier work, whichever is later."""
+        return max(self.host_ns, self.stream_end_ns(stream))
+
+    def occupy(self, stream: int, start_ns: int, duration_ns: int, engine: str) -> None:
+        """Work whose start was agreed elsewhere (a collective: the last rank's arrival) runs
+        on a stream from start_ns, which is no earlier than the stream's ready time."""
+        queue = self._queues[stream]
+        if start_ns < max(self.host_ns, queue.end_ns):
+            raise ValueError(
+                f"work on stream {stream} cannot start at {start_ns} ns, before it is ready"
+            )
+        end = start_ns + duration_ns
+        queue.end_ns = end
+        queue.ends.append(end)
+        queue.busy_ns += duration_ns
+        self.engine_busy_ns[engine] += duration_ns
 
     def queue_depth(self, stream: int | None = None) -> int:
         """Launches submitted and not yet finished at the current host time."""
