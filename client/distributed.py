@@ -85,10 +85,19 @@ class NeuronWork(_CWork):  # type: ignore[misc]
     """A collective's handle. Its data is in place when it is returned (gloo ran); in
     simulated time it ends at end_ns, and wait() makes the current stream wait for that."""
 
-    def __init__(self, result: list[Tensor], end_ns: int, on_device: bool) -> None:
+    def __init__(
+        self,
+        result: list[Tensor],
+        end_ns: int,
+        on_device: bool,
+        start_ns: int = 0,
+        arrival_ns: int = 0,
+    ) -> None:
         super().__init__()
         self._result = result
-        self.end_ns = end_ns
+        self.end_ns = end_ns  # simulated: when it ends, on every rank
+        self.start_ns = start_ns  # when it starts on every rank: the last rank's arrival
+        self.arrival_ns = arrival_ns  # when this rank was ready for it
         self._on_device = on_device
 
     def wait(self, timeout: timedelta | None = None) -> bool:
@@ -143,7 +152,10 @@ class _Staged:
         self.device = False
         self.nbytes = 0
 
-    def host(self, t: Tensor, write: bool = True) -> Tensor:
+    def host(self, t: Tensor, write: bool = True, any_order: bool = False) -> Tensor:
+        """t's memory as a CPU tensor gloo can take. any_order: the collective is
+        elementwise (all-reduce, broadcast), so a dense tensor of another layout (a
+        transposed view) goes as its memory, in memory order, as gloo takes it on CPU."""
         if t.device.type == NAME:
             self.device = True
             h = runtime.get().host_alias(t)
@@ -157,6 +169,8 @@ class _Staged:
             h = torch.view_as_real(h)
         if h.is_contiguous():
             return h
+        if any_order and _dense(h):
+            return h.as_strided((h.numel(),), (1,), h.storage_offset())
         c = h.contiguous()
         if write:
             self._back.append((h, c))
@@ -165,6 +179,19 @@ class _Staged:
     def back(self) -> None:
         for h, c in self._back:
             h.copy_(c)
+
+
+def _dense(t: Tensor) -> bool:
+    """Whether t's elements fill a block of memory with no gaps or overlaps, in some order
+    of its dimensions (a permutation of a contiguous tensor)."""
+    expected = 1
+    for stride, size in sorted(
+        (st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _check_same_device(tensors: Sequence[Tensor], what: str) -> None:
@@ -285,7 +312,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         for t in result:
             if t.device.type == NAME:
                 rt.awaiting[_storage_ptr(t)] = end
-        return NeuronWork(result, end, True)
+        return NeuronWork(result, end, True, start_ns, arrival)
 
     def _agree(self, arrival: int, what: str) -> int:
         """The simulated time every rank starts the collective: the last one's arrival."""
@@ -327,7 +354,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         _check_same_device(tensors, "all_reduce")
         gloo_op, factor, divisor = self._reduce_op(opts.reduceOp, "all_reduce")
         staged = _Staged()
-        hosts = [staged.host(t) for t in tensors]
+        hosts = [staged.host(t, any_order=True) for t in tensors]
         self._scale(hosts, factor, 1.0)
         gopts = AllreduceOptions()
         gopts.reduceOp = gloo_op
@@ -360,7 +387,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         opts = opts or BroadcastOptions()
         _check_same_device(tensors, "broadcast")
         staged = _Staged()
-        hosts = [staged.host(t) for t in tensors]
+        hosts = [staged.host(t, any_order=True) for t in tensors]
         gopts = BroadcastOptions()
         gopts.rootRank, gopts.rootTensor = opts.rootRank, opts.rootTensor
         return self._collective(
@@ -424,13 +451,25 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any = None
     ) -> NeuronWork:
         opts = opts or ReduceScatterOptions()
-        if len(outputs) != 1 or len(inputs) != 1 or len(inputs[0]) != self._size:
-            raise CollectiveError(
-                f"reduce_scatter: one output and a list of {self._size} inputs (one per rank)"
-            )
-        stacked = torch.cat([t.reshape(-1) for t in inputs[0]])
-        work = self.reduce_scatter_single(outputs[0], stacked, opts)
-        return work
+        _check_same_device([*outputs, *(t for il in inputs for t in il)], "reduce_scatter")
+        gloo_op, factor, divisor = self._reduce_op(opts.reduceOp, "reduce_scatter")
+        staged = _Staged()
+        host_in = [[staged.host(t, write=False) for t in il] for il in inputs]
+        if factor != 1.0:  # (the inputs are not the caller's to change)
+            host_in = [[t.clone() for t in il] for il in host_in]
+            self._scale([t for il in host_in for t in il], factor, 1.0)
+        host_out = [staged.host(t) for t in outputs]
+        gopts = ReduceScatterOptions()
+        gopts.reduceOp = gloo_op
+        return self._collective(
+            "reduce_scatter",
+            "reduce_scatter",
+            sum(t.numel() * t.element_size() for il in inputs for t in il),
+            outputs,
+            staged,
+            lambda: self._gloo.reduce_scatter(host_out, host_in, gopts),
+            lambda: self._scale(host_out, 1.0, divisor),
+        )
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any = None) -> NeuronWork:
         opts = opts or ReduceScatterOptions()

@@ -4,8 +4,9 @@ same global batch.
 
 Each rank drives one simulated NeuronCore (LOCAL_RANK picks it). Rank 0 prints, per step,
 the CPU loss, the parallel loss and their relative difference, and the step's simulated
-time beside the device's compute and collective busy time: when the step takes less than
-the two added up, communication overlapped compute. At the end the parameters are compared
+time beside the device's compute and collective busy time and the compute time that ran
+while a collective did (from the timeline): when the step takes less than compute and
+collectives added up, communication was hidden behind compute. At the end the parameters are compared
 with the CPU run's. The exit status is 1 if the losses or parameters are not within
 tolerance.
 """
@@ -27,7 +28,7 @@ from torch import nn
 from train_gpt import GPT, GPTConfig, make_batches
 
 LOSS_RTOL = 1e-4  # float32, reductions split differently across ranks than on one CPU
-PARAM_ATOL = 1e-4
+PARAM_ATOL = 1e-3  # AdamW: a near-zero gradient of other rounding moves a weight by up to lr
 Wrap = Callable[[nn.Module, int], nn.Module]  # (model on neuron, world size) -> parallel model
 
 
@@ -95,7 +96,15 @@ def run(
         losses.append(mean.item())  # (a sync point: the step's work is all done)
         after = torch.neuron.metrics()
         steps.append(
-            {k: after[k] - before[k] for k in ("wall_ns", "device_busy_ns", "collective_busy_ns")}
+            {
+                k: after[k] - before[k]
+                for k in (
+                    "wall_ns",
+                    "device_busy_ns",
+                    "collective_busy_ns",
+                    "collective_overlap_ns",
+                )
+            }
         )
         before = after
 
@@ -108,7 +117,7 @@ def run(
         f"{name}: {world} ranks, {mode} mode, global batch {args.batch}, GPT {sum(p.numel() for p in params)} parameters"
     )
     print(
-        f"{'step':>4} {'cpu loss':>10} {name + ' loss':>10} {'rel diff':>9} {'step us':>9} {'compute us':>11} {'comm us':>8} {'overlap us':>11}"
+        f"{'step':>4} {'cpu loss':>10} {name + ' loss':>10} {'rel diff':>9} {'step us':>9} {'compute us':>11} {'comm us':>8} {'overlapped us':>14}"
     )
     worst = 0.0
     for i, (c, p, s) in enumerate(zip(cpu_losses, losses, steps, strict=True)):
@@ -116,9 +125,9 @@ def run(
         worst = max(worst, rel)
         compute = s["device_busy_ns"] - s["collective_busy_ns"]
         comm = s["collective_busy_ns"]
-        overlap = compute + comm - s["wall_ns"]
+        overlap = s["collective_overlap_ns"]
         print(
-            f"{i:>4} {c:>10.6f} {p:>10.6f} {rel:>9.1e} {s['wall_ns'] / 1e3:>9.1f} {compute / 1e3:>11.1f} {comm / 1e3:>8.1f} {overlap / 1e3:>11.1f}"
+            f"{i:>4} {c:>10.6f} {p:>10.6f} {rel:>9.1e} {s['wall_ns'] / 1e3:>9.1f} {compute / 1e3:>11.1f} {comm / 1e3:>8.1f} {overlap / 1e3:>14.1f}"
         )
     cpu_params = [q.detach() for q in cpu_model.parameters()]
     param_diff = max(float((a - b).abs().max()) for a, b in zip(params, cpu_params, strict=True))
@@ -128,10 +137,13 @@ def run(
         f"difference {param_diff:.2e} ({'within' if ok else 'OUTSIDE'} tolerance {LOSS_RTOL:g} / {PARAM_ATOL:g})"
     )
     last = steps[-1]
+    compute = last["device_busy_ns"] - last["collective_busy_ns"]
+    comm = last["collective_busy_ns"]
+    relation = "<" if last["wall_ns"] < compute + comm else ">="
     print(
-        f"{name}: last step {last['wall_ns'] / 1e3:.1f} us simulated; compute "
-        f"{(last['device_busy_ns'] - last['collective_busy_ns']) / 1e3:.1f} us + collectives "
-        f"{last['collective_busy_ns'] / 1e3:.1f} us busy"
+        f"{name}: last step {last['wall_ns'] / 1e3:.1f} us simulated {relation} compute "
+        f"{compute / 1e3:.1f} us + collectives {comm / 1e3:.1f} us = {(compute + comm) / 1e3:.1f} us; "
+        f"{last['collective_overlap_ns'] / 1e3:.1f} us of compute ran while collectives did"
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -57,6 +57,10 @@ class Timeline:
         self.launches = 0
         self.engine_busy_ns: dict[str, int] = defaultdict(int)
         self._queues: dict[int, _Queue] = defaultdict(_Queue)
+        # Collectives on the timeline (start, end), latest last, and the compute time that
+        # ran while one did: how much communication the device hid behind compute.
+        self._collective_spans: deque[tuple[int, int]] = deque()
+        self.collective_overlap_ns = 0
 
     # -- host side ----------------------------------------------------------------------------
     def host_work(self, ns: int) -> None:
@@ -98,6 +102,12 @@ class Timeline:
         while ends[0] <= host:
             ends.popleft()
         queue.busy_ns += end - start
+        spans = self._collective_spans
+        if spans:  # compute launched while collectives run or are queued
+            while spans and spans[0][1] <= start:
+                spans.popleft()
+            for c_start, c_end in spans:
+                self.collective_overlap_ns += max(0, min(end, c_end) - max(start, c_start))
         self.launches += 1
         busy = self.engine_busy_ns
         for engine, ns in engine_ns.items():
@@ -122,6 +132,11 @@ class Timeline:
         queue.ends.append(end)
         queue.busy_ns += duration_ns
         self.engine_busy_ns[engine] += duration_ns
+        spans = self._collective_spans
+        if spans and start_ns < spans[-1][1]:  # (another group's, still running: one span)
+            spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+        else:
+            spans.append((start_ns, end))
 
     def queue_depth(self, stream: int | None = None) -> int:
         """Launches submitted and not yet finished at the current host time."""
@@ -183,6 +198,7 @@ class Timeline:
         """Launches, sync waits and busy times back to zero; the clocks (host time, queue
         ends) go on, so work in flight still finishes when it would have."""
         self.host_busy_ns = self.sync_waits = self.sync_wait_ns = self.launches = 0
+        self.collective_overlap_ns = 0
         self.engine_busy_ns.clear()
         for queue in self._queues.values():
             queue.busy_ns = 0
@@ -201,5 +217,6 @@ class Timeline:
             "launches": self.launches,
             "sync_waits": self.sync_waits,
             "sync_wait_ns": self.sync_wait_ns,
+            "collective_overlap_ns": self.collective_overlap_ns,
             **{f"{e}_busy_ns": self.engine_busy_ns.get(e, 0) for e in ENGINES},
         }
