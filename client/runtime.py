@@ -154,8 +154,8 @@ class Runtime:
         entry = self._blocks.get(key)
         if entry is not None and entry[2] not in self._parked:
             self.flush("hazard")
-            self.allocator.free(entry[1])  # (the allocator may hand the Block out again)
             self._parked[entry[2]] = entry[1].requested
+            self.allocator.free(entry[1])  # (the allocator may hand the Block out again)
 
     def unpark(self, storage: Any) -> None:
         """The storage is in use again: it takes HBM again (OutOfMemoryError if none)."""

@@ -103,3 +103,47 @@ def test_targets_table():
         assert per_core == pytest.approx(t.peak_bf16_tflops, rel=0.01)
     with pytest.raises(ValueError, match="trn1, trn2"):
         get_target("trn3")
+
+
+def test_ring_all_reduce_is_the_published_formula_inside_a_host():
+    n, size = 8, 256 << 20
+    cost = cost_model.collective_cost(TRN2, "all_reduce", size, cost_model.Topology(n))
+    hop, beta = TRN2.collective_hop_ns, TRN2.collective_gbps
+    assert cost.algorithm == "ring" and cost.link == "neuronlink"
+    assert cost.ns == pytest.approx(
+        TRN2.collective_alpha0_ns + 2 * (n - 1) * hop + 2 * (n - 1) / n * size / beta
+    )
+    # The bus bandwidth a large all-reduce implies approaches the link's.
+    bus = cost_model.bus_gbps("all_reduce", size, n, cost.ns)
+    assert 0.95 * beta < bus < beta
+    gather = cost_model.collective_cost(TRN2, "all_gather", size, cost_model.Topology(n))
+    assert gather.ns == pytest.approx(
+        TRN2.collective_alpha0_ns + (n - 1) * hop + (n - 1) / n * size / beta
+    )
+
+
+def test_small_messages_at_many_ranks_take_the_tree():
+    small = cost_model.collective_cost(TRN2, "all_reduce", 1024, cost_model.Topology(64))
+    assert small.algorithm == "tree"
+    ring = TRN2.collective_alpha0_ns + 2 * 63 * TRN2.collective_hop_ns
+    assert small.ns < ring
+    large = cost_model.collective_cost(TRN2, "all_reduce", 256 << 20, cost_model.Topology(64))
+    assert large.algorithm == "ring"
+
+
+def test_across_hosts_the_all_reduce_is_hierarchical_over_efa():
+    topo = cost_model.Topology(64, hosts=2)
+    size = 64 << 20
+    cost = cost_model.collective_cost(TRN2, "all_reduce", size, topo)
+    assert (cost.algorithm, cost.link) == ("hierarchical", "efa")
+    efa = min(TRN2.collective_internode_gbps, TRN2.efa_host_gbps / 32)
+    assert cost.gbps == efa
+    inside = cost_model.collective_cost(TRN2, "all_gather", size, cost_model.Topology(32)).ns
+    # the rails: 32 ring all-reduces of 1/32 of the data between the 2 hosts, at once
+    hop = TRN2.collective_hop_internode_ns
+    across = TRN2.collective_alpha0_ns + 2 * hop + (size // 32) / efa
+    assert cost.ns == pytest.approx(2 * inside + across)
+    assert (
+        cost.ns > cost_model.collective_cost(TRN2, "all_reduce", size, cost_model.Topology(64)).ns
+    )
+    assert cost_model.Topology.of(["a", "a", "b"]) == cost_model.Topology(3, 2, 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from trnsim.simulator.config import TRN2
 from trnsim.simulator.device import Event, Timeline
 
@@ -107,3 +108,32 @@ def test_deterministic():
         return t.snapshot()
 
     assert run() == run()
+
+
+def test_a_collective_occupies_its_queue_from_the_agreed_start_and_compute_overlaps_it():
+    t = Timeline(TRN2)
+    t.launch(100_000)  # compute on stream 0
+    coll = 1 << 20
+    ready = t.ready_ns(0)
+    assert ready == OVERHEAD + 100_000 and t.ready_ns(coll) == 0
+    t.occupy(coll, ready + 5_000, 40_000, "collective")  # another rank arrived 5 us later
+    assert t.stream_end_ns(coll) == ready + 45_000
+    assert t.queue_depth(coll) == 1
+    after = t.launch(20_000)  # compute issued after the collective: runs beside it
+    assert after.start_ns == ready
+    overlap = min(after.end_ns, ready + 45_000) - max(after.start_ns, ready + 5_000)
+    assert t.collective_overlap_ns == overlap > 0
+    snap = t.snapshot()
+    assert snap["collective_busy_ns"] == 40_000
+    assert snap["collective_overlap_ns"] == overlap
+    t.stream_wait_event(Event(ready + 45_000), 0)  # work.wait(): the stream waits for it
+    assert t.launch(1_000).start_ns == ready + 45_000
+    t.synchronize()
+    assert t.host_ns == t.now_ns()
+
+
+def test_a_collective_cannot_start_before_its_queue_is_ready():
+    t = Timeline(TRN2)
+    t.host_work(10_000)
+    with pytest.raises(ValueError, match="before it is ready"):
+        t.occupy(7, 9_999, 1_000, "collective")
