@@ -61,7 +61,7 @@ class Target:
     collective_hop_internode_ns: int
     collective_gbps: float
     collective_internode_gbps: float  # one core's EFA share at most
-    collective_chunk_bytes: int  # a tree pipelines its message in chunks of this size [E]
+    collective_chunk_bytes: int  # the smallest chunk a tree pipelines its message in [E]
     # The instance: chips per host and the host's EFA bandwidth (GB/s), shared by its cores.
     chips_per_host: int
     efa_host_gbps: float
@@ -117,7 +117,7 @@ TRN1 = Target(
     collective_hop_internode_ns=15_000,
     collective_gbps=55.0,
     collective_internode_gbps=12.5,  # [E] 100 Gb/s EFA share per core
-    collective_chunk_bytes=1 * MiB,
+    collective_chunk_bytes=64 * KiB,
     chips_per_host=16,  # trn1.32xlarge
     efa_host_gbps=100.0,  # trn1.32xlarge: 800 Gb/s EFA
     peak_bf16_tflops=92.0,
@@ -159,7 +159,7 @@ TRN2 = Target(
     collective_hop_internode_ns=15_000,
     collective_gbps=100.0,
     collective_internode_gbps=25.0,  # [E]
-    collective_chunk_bytes=1 * MiB,
+    collective_chunk_bytes=64 * KiB,
     chips_per_host=16,  # trn2.48xlarge
     efa_host_gbps=400.0,  # trn2.48xlarge: 3.2 Tb/s EFAv3
     peak_bf16_tflops=79.0,

@@ -215,11 +215,14 @@ def _ring(steps: int, moved: float, hop_ns: float, gbps: float, alpha0: float) -
 
 
 def _tree(depth: int, nbytes: int, hop_ns: float, gbps: float, alpha0: float, chunk: int) -> float:
-    """A pipelined tree of `depth` levels: the message goes in chunks; a chunk step is a hop
-    plus the chunk sent to two children (or received from two)."""
-    chunks = max(1, -(-nbytes // chunk))
-    size = nbytes / chunks
-    return alpha0 + (depth + chunks - 1) * (hop_ns + 2 * size / gbps)
+    """A pipelined tree of `depth` levels: the message goes in k chunks, each chunk step a hop
+    plus the chunk sent to two children (or received from two). k is the best for the
+    message (a larger k pays more hops, a smaller one waits longer to fill the pipeline),
+    with chunks no smaller than `chunk` bytes."""
+    step = 2 * nbytes / gbps  # the whole message through one node's two links
+    best = math.sqrt(max(depth - 1, 0) * step / hop_ns) if hop_ns > 0 else 1.0
+    chunks = max(1, min(round(best), nbytes // chunk))
+    return alpha0 + (depth + chunks - 1) * (hop_ns + step / chunks)
 
 
 def _flat(
