@@ -24,6 +24,8 @@ the job spans several nodes, else the host name.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import zlib
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -71,6 +73,41 @@ def register() -> None:
     neuron tensors, and the functional collectives (DTensor, tensor parallel) get kernels."""
     dist.Backend.register_backend(NAME, _create, devices=[NAME])
     _register_functional()
+    _refuse_ddp_used_map()
+
+
+def _refuse_ddp_used_map() -> None:
+    """DDP with find_unused_parameters or static_graph copies its map of used parameters
+    through pinned host memory that PyTorch's C++ reducer asks the device backend for, which
+    a Python backend cannot provide: its backward would stop on a PyTorch-internal error.
+    DDP over neuron parameters refuses them at construction instead, saying what to do."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    original = ddp.__init__
+    if getattr(original, "neuron", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs).arguments
+        wanted = [k for k in ("find_unused_parameters", "static_graph") if bound.get(k)]
+        module = bound.get("module")
+        if (
+            wanted
+            and module is not None
+            and any(p.device.type == NAME for p in module.parameters())
+        ):
+            raise NotImplementedError(
+                f"DistributedDataParallel({'=True, '.join(wanted)}=True) on neuron: PyTorch's "
+                f"reducer copies its map of used parameters through pinned host memory, which "
+                f"only a C++ device backend can allocate. Let every parameter take part in each "
+                f"step's loss, or freeze the ones a step leaves out (requires_grad_(False)), "
+                f"and construct DDP without it"
+            )
+        original(self, *args, **kwargs)
+
+    __init__.neuron = True  # type: ignore[attr-defined]
+    ddp.__init__ = __init__  # type: ignore[method-assign]
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> NeuronProcessGroup:

@@ -109,6 +109,17 @@ def test_parallel_training_matches_one_cpu_process(tmp_path: Path, example: str,
     assert all(s["collective_busy_ns"] > 0 for s in report["steps"])
 
 
+def test_ddp_no_sync_accumulates_and_unused_parameter_search_is_refused_clearly(
+    tmp_path: Path,
+) -> None:
+    _run(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "ddp_features_rank.py", str(tmp_path)]
+    )
+    report = json.loads((tmp_path / "ddp.json").read_text())
+    assert report["collectives_per_micro_batch"][:2] == [0, 0]
+    assert report["refused"] == ["find_unused_parameters", "static_graph"]
+
+
 def test_ddp_on_four_ranks_overlaps_all_reduce_with_backward(tmp_path: Path) -> None:
     """Adaptive mode, a model whose buckets fill during backward: once the fused graphs run,
     the step takes less than its compute and collective busy time added up."""
