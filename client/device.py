@@ -295,6 +295,13 @@ def metrics() -> dict[str, int]:
     return runtime.get().snapshot()
 
 
+def compiled_explain() -> list[dict[str, Any]]:
+    """Why torch.compile(backend="neuron") recompiled: per function, the guard failures."""
+    from trnsim.client import compiled
+
+    return compiled.explain()
+
+
 def reset_metrics() -> None:
     """Counters and busy times back to zero; the simulated clocks go on."""
     runtime.get().reset_metrics()

@@ -31,6 +31,13 @@ COUNTERS = (
     "fused_compiles_failed",
     "fused_fallbacks",  # graphs whose fused executable failed once: op by op from then on
     "internal_outputs",  # recorded outputs nobody could observe: never in HBM
+    # Compiled mode (torch.compile(backend="neuron"), client/compiled.py).
+    "compiled_dynamo_graphs",  # graphs dynamo handed the backend (recompiles included)
+    "compiled_forward_graphs",  # AOTAutograd's graphs, by kind
+    "compiled_backward_graphs",
+    "compiled_inference_graphs",
+    "compiled_calls",  # runs of those graphs (regions)
+    "compiled_graphs_ready",  # regions compiled at the fused level
     # torch.distributed on the neuron backend (client/distributed.py).
     "collectives",  # collectives and point-to-point transfers on the collective queues
     "collective_bytes",  # the bytes they were priced for

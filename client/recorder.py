@@ -175,9 +175,20 @@ class _Known:
 
 
 class Recorder:
-    def __init__(self, rt: runtime.Runtime) -> None:
+    def __init__(self, rt: runtime.Runtime, region: bool = False) -> None:
+        """region: the recorder of compiled mode's regions (client/compiled.py). A region
+        (one FX graph's run) is recorded whole, cut only where it must be (a hazard, a
+        data-dependent shape, an op the compiler cannot take, an op signature never run),
+        and at its end compiled at once at the fused level if it is new, then launched.
+        Its ops cost the simulated host nothing to record: a native compiled runtime
+        launches the graph, it does not trace it again."""
         self.rt = rt
-        self.policy = boundaries.Policy()
+        self.region = region
+        self.policy = (
+            boundaries.Policy(size_cap=1 << 30, drain_min_ops=1 << 30)
+            if region
+            else boundaries.Policy()
+        )
         self.graphs: dict[tuple[Any, ...], GraphState] = {}
         self._reset()
         self._warned_fallback = False
@@ -301,7 +312,8 @@ class Recorder:
         self.n_scalars += len(scalars)
         self.parts.append((id(entry), wiring))
         results = self._returns(entry, tensors, outputs, i)
-        rt.host_work(rt.target.host_record_op_ns)
+        if not self.region:
+            rt.host_work(rt.target.host_record_op_ns)
         rt.count("ops_recorded")
         return results
 
@@ -394,6 +406,8 @@ class Recorder:
             state = self.graphs[signature] = GraphState()
         state.history.seen += 1
         self._collect(state)
+        if self.region and state.loaded is None and not state.fallback:
+            self._compile_now(state, ops, input_types, observable)
         with self.rt.on_stream(stream):  # the work goes where it was issued
             if state.loaded is not None and not state.fallback:
                 self._run_fused(state, ops, input_hosts, observable)
@@ -528,6 +542,27 @@ class Recorder:
         state.future = rt.submit(graph, debug)
         state.submitted_ns = rt.host_ns
 
+    def _compile_now(
+        self,
+        state: GraphState,
+        ops: list[RecOp],
+        input_types: list[Where],
+        observable: list[bool],
+    ) -> None:
+        """A region's graph, compiled now at the fused level (the step waits, as for a
+        torch.compile'd graph). If the compiler refuses it, it runs op by op from now on."""
+        if not any(op.entry is not None for op in ops):
+            return
+        graph, debug = _graph(ops, input_types, observable, "compiled")
+        try:
+            loaded = self.rt.executable_for(graph, debug, self.rt.fused_options)
+        except Exception as e:  # noqa: BLE001  (a graph the compiler cannot take: op by op)
+            self._fall_back(state, e)
+            return
+        self.rt.count("compiled_graphs_ready")
+        state.loaded = loaded
+        state.history.requested = state.history.ready = True
+
     def _collect(self, state: GraphState) -> None:
         """A background compile becomes the graph's executable (or a failure) once it has
         finished and, on the simulated clock, once the modelled compile time it waited for
@@ -590,7 +625,7 @@ def _input_type(where: Where) -> TensorType:
 
 
 def _graph(
-    ops: list[RecOp], input_types: list[Where], observable: list[bool]
+    ops: list[RecOp], input_types: list[Where], observable: list[bool], name: str = "adaptive"
 ) -> tuple[Graph, graph_pb2.GraphDebug]:
     made = [
         Value(i, j)
@@ -605,7 +640,7 @@ def _graph(
         outputs,
         num_scalar_inputs=sum(len(op.scalars) for op in ops),
     )
-    debug = graph_pb2.GraphDebug(name="adaptive")
+    debug = graph_pb2.GraphDebug(name=name)
     for op in ops:
         debug.node_locations.add(file=op.location[0], line=op.location[1], function=op.location[2])
     return graph, debug
@@ -690,3 +725,4 @@ def _located(op: RecOp, cause: BaseException, ops: list[RecOp]) -> BaseException
 
 
 runtime.RECORDING_MODES["adaptive"] = Recorder
+runtime.REGION_RECORDER.append(lambda rt: Recorder(rt, region=True))

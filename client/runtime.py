@@ -55,6 +55,8 @@ class Recording(Protocol):
 # The recording modes by name, each registered by its module on import (client/recorder.py:
 # "adaptive"; backend.register() imports it): the runtime imports no mode.
 RECORDING_MODES: dict[str, Callable[[Runtime], Recording]] = {}
+# The recorder of compiled mode's regions (client/recorder.py registers it).
+REGION_RECORDER: list[Callable[[Runtime], Recording]] = []
 
 
 class Runtime:
@@ -87,6 +89,7 @@ class Runtime:
         self.awaiting: dict[int, int] = {}
         self.recorder: Recording | None = None  # adaptive mode's (client/recorder.py)
         self._recorder_kept: Recording | None = None  # (its graphs, while in eager mode)
+        self._region: Recording | None = None  # compiled mode's (compiled_region)
         self.set_mode(settings.eager_mode)
 
     def set_mode(self, mode: str) -> None:
@@ -185,16 +188,22 @@ class Runtime:
                 self.allocator.free(b)
 
     # -- executables --------------------------------------------------------------------------
-    def executable_for(self, graph: Graph, debug: graph_pb2.GraphDebug) -> execute.LoadedExecutable:
+    def executable_for(
+        self,
+        graph: Graph,
+        debug: graph_pb2.GraphDebug,
+        options: executable_pb2.CompileOptions | None = None,
+    ) -> execute.LoadedExecutable:
         """The loaded executable of a graph: from the in-process cache by key, else compiled
-        now (at blocking priority: the op waits for it)."""
-        key = cache_key(graph, self.target, self.options).digest
+        now (at blocking priority: the op waits for it), at `options` (per-op: -O1)."""
+        options = options or self.options
+        key = cache_key(graph, self.target, options).digest
         loaded = self.executables.get(key)
         if loaded is not None:
             self.metrics.counts["executable_cache_hits"] += 1
             return loaded
         try:
-            exe = self.compiler.compile(to_proto(graph), self.target.name, self.options, debug)
+            exe = self.compiler.compile(to_proto(graph), self.target.name, options, debug)
         except CompileError as e:
             raise compile_error(debug, e) from e
         self.metrics.counts["executables_compiled"] += 1
@@ -232,6 +241,24 @@ class Runtime:
     def compiles_shared(self) -> bool:
         """Whether compiles land in a cache other processes share (a daemon's)."""
         return self.compiler.shared
+
+    @contextlib.contextmanager
+    def compiled_region(self) -> Iterator[None]:
+        """Ops inside the block are one compiled region (client/compiled.py): recorded by
+        the region recorder whatever the eager mode, and run at the block's end. What the
+        mode's own recorder holds runs first (stream order)."""
+        self.flush("compiled_region")
+        previous = self.recorder
+        if self._region is None:
+            self._region = REGION_RECORDER[0](self)
+        self.recorder = self._region
+        try:
+            yield
+        finally:
+            try:
+                self._region.flush("region_end")  # (after an error too: those ops were issued)
+            finally:
+                self.recorder = previous
 
     # -- timeline -----------------------------------------------------------------------------
     def launch(self, loaded: execute.LoadedExecutable, host_ns: int | None = None) -> None:

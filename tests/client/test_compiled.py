@@ -1,0 +1,122 @@
+"""Compiled mode: torch.compile(backend="neuron") against eager mode on the same chip."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+
+
+def _delta(before: dict[str, int], key: str) -> int:
+    return torch.neuron.metrics()[key] - before[key]
+
+
+def test_the_backend_is_found_after_a_plain_import() -> None:
+    assert "neuron" in torch._dynamo.list_backends()
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_training_under_compile_is_bit_identical_to_eager(mode: str) -> None:
+    torch.neuron.set_eager_mode(mode)
+    try:
+        eager = _mlp().to("neuron")
+        compiled_model = copy.deepcopy(eager)
+        compiled = torch.compile(compiled_model, backend="neuron")
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled_model)]
+        g = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            x = torch.randn(6, 8, generator=g).to("neuron")
+            losses = []
+            for model, opt in zip((eager, compiled), opts, strict=True):
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            assert losses[0] == losses[1]
+        for a, b in zip(eager.parameters(), compiled_model.parameters(), strict=True):
+            assert torch.equal(a.cpu(), b.cpu())
+    finally:
+        torch.neuron.set_eager_mode("eager")
+
+
+def test_a_compiled_forward_is_one_launch_and_compiles_nothing_when_warm() -> None:
+    model = torch.compile(_mlp().to("neuron"), backend="neuron")
+    x = torch.randn(6, 8, device="neuron")
+    with torch.no_grad():
+        for _ in range(3):  # first sight of each op, then the region's compile
+            model(x)
+        before = torch.neuron.metrics()
+        y = model(x)
+    assert _delta(before, "launches") == 1
+    assert _delta(before, "executables_compiled") == 0
+    assert _delta(before, "compiled_calls") == 1
+    assert _delta(before, "fused_executions") == 1
+    assert y.shape == (6, 4)
+
+
+def test_a_new_shape_recompiles_and_says_why() -> None:
+    def scale(t: torch.Tensor) -> torch.Tensor:
+        return (t * 3).relu() + 1
+
+    f = torch.compile(scale, backend="neuron")
+    before = torch.neuron.metrics()
+    a = torch.randn(5, 3, device="neuron")
+    b = torch.randn(7, 3, device="neuron")
+    assert torch.equal(f(a).cpu(), scale(a).cpu())
+    assert torch.equal(f(b).cpu(), scale(b).cpu())
+    assert _delta(before, "compiled_dynamo_graphs") >= 2
+    reasons = [
+        r for e in torch.neuron.compiled_explain() if e["function"] == "scale" for r in e["reasons"]
+    ]
+    assert any("size mismatch" in r and "expected 5, actual 7" in r for r in reasons), reasons
+
+
+def test_a_graph_break_and_a_data_dependent_op_never_fail_the_step() -> None:
+    def f(t: torch.Tensor) -> torch.Tensor:
+        y = t * 2
+        if y.sum().item() > 0:  # a graph break
+            y = y + 1
+        return torch.nonzero(y > 1.5).float().sum() + y.sum()  # a data-dependent shape
+
+    compiled = torch.compile(f, backend="neuron")
+    x = torch.randn(16, device="neuron")
+    for _ in range(3):
+        assert torch.equal(compiled(x).cpu(), f(x).cpu())
+
+
+# Dynamo, tracing the optimizer, meets torch.jit.script_method's deprecation warning. Under
+# compile AdamW computes its bias corrections with tensor ops instead of Python floats, so
+# the result is close to eager's, not identical.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_compiled_optimizer_step_matches_eager() -> None:
+    models = [_mlp().to("neuron") for _ in range(2)]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    step = torch.compile(opts[1].step, backend="neuron")
+    x = torch.randn(6, 8, device="neuron")
+    for _ in range(3):
+        for i, (model, opt) in enumerate(zip(models, opts, strict=True)):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step() if i == 0 else step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-5, atol=1e-6)
+
+
+def test_set_default_backend_makes_neuron_the_backend() -> None:
+    torch.compiler.set_default_backend("neuron")
+    try:
+        before = torch.neuron.metrics()
+        f = torch.compile(lambda t: t.sin() * 2)
+        x = torch.randn(4, device="neuron")
+        assert torch.equal(f(x).cpu(), (x.sin() * 2).cpu())
+        assert _delta(before, "compiled_dynamo_graphs") == 1
+    finally:
+        torch.compiler.set_default_backend("inductor")
