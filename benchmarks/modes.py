@@ -2,10 +2,12 @@
 
     python benchmarks/modes.py [--steps 10] [--warmup 6]
 
-For the GPT example and an MLP, per mode (eager, adaptive; the compiled mode joins when
-torch.compile support exists): simulated step time, device busy time, real host time per
-step, launches per step and HBM bytes per step, then the ratios adaptive / eager.
-Steps alternate between the modes so both see the same machine load. Steady state: the
+For the GPT example, an MLP and a Llama-style model (transformers' LlamaForCausalLM, small),
+per mode (eager, adaptive, compiled: the model and the optimizer step under
+torch.compile(backend="neuron"), the rest eager): simulated step time, device busy time,
+real host time per step, launches per step and HBM bytes per step, then the ratios adaptive
+/ eager, adaptive / compiled and eager / compiled. Steps alternate between the modes so all
+see the same machine load. Steady state: the
 compiles are off the simulated clock (NEURON_SIM_COMPILE_CLOCK=off unless set), so adaptive
 graphs run fused once compiled; benchmarks/ttfs.py measures the first step, compiles on it.
 """
@@ -28,12 +30,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_gpt import GPT, GPTConfig, make_batches
 
-MODES = ("eager", "adaptive")
+MODES = ("eager", "adaptive", "compiled")
+Stepper = Callable[[torch.nn.Module, bool], Callable[[], float]]
 
 
-def gpt_workload() -> tuple[
-    Callable[[], torch.nn.Module], Callable[[torch.nn.Module, int], Callable[[], float]]
-]:
+def _compiled(fn: Callable[..., object], compiled: bool) -> Callable[..., object]:
+    return torch.compile(fn, backend="neuron") if compiled else fn
+
+
+def gpt_workload() -> tuple[Callable[[], torch.nn.Module], Stepper]:
     cfg = GPTConfig()
     batches = make_batches(cfg, 64, 8)
 
@@ -41,28 +46,32 @@ def gpt_workload() -> tuple[
         torch.manual_seed(0)
         return GPT(cfg)
 
-    def stepper(model: torch.nn.Module, _: int) -> Callable[[], float]:
+    def stepper(model: torch.nn.Module, compiled: bool) -> Callable[[], float]:
         model.to("neuron")
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         it = iter(batches * 4)
+        forward = _compiled(model, compiled)
+
+        def update() -> None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+        apply = _compiled(update, compiled)
 
         def step() -> float:
             x, y = next(it)
-            loss = model(x.to("neuron"), y.to("neuron"))
+            loss = forward(x.to("neuron"), y.to("neuron"))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            return loss.item()
+            loss.backward()  # type: ignore[union-attr]
+            apply()
+            return loss.item()  # type: ignore[union-attr]
 
         return step
 
     return make, stepper
 
 
-def mlp_workload() -> tuple[
-    Callable[[], torch.nn.Module], Callable[[torch.nn.Module, int], Callable[[], float]]
-]:
+def mlp_workload() -> tuple[Callable[[], torch.nn.Module], Stepper]:
     g = torch.Generator().manual_seed(1)
     data = [
         (torch.randn(64, 256, generator=g), torch.randn(64, 10, generator=g)) for _ in range(16)
@@ -79,18 +88,62 @@ def mlp_workload() -> tuple[
             torch.nn.Linear(512, 10),
         )
 
-    def stepper(model: torch.nn.Module, _: int) -> Callable[[], float]:
+    def stepper(model: torch.nn.Module, compiled: bool) -> Callable[[], float]:
         model.to("neuron")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         it = iter(data * 64)
+        forward = _compiled(model, compiled)
+        apply = _compiled(opt.step, compiled)
 
         def step() -> float:
             x, y = next(it)
-            loss = torch.nn.functional.mse_loss(model(x.to("neuron")), y.to("neuron"))
+            out = forward(x.to("neuron"))
+            loss = torch.nn.functional.mse_loss(out, y.to("neuron"))  # type: ignore[arg-type]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            apply()
             return loss.item()
+
+        return step
+
+    return make, stepper
+
+
+def llama_workload() -> tuple[Callable[[], torch.nn.Module], Stepper]:
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+        use_cache=False,  # training: no KV cache
+    )
+    g = torch.Generator().manual_seed(2)
+    data = [torch.randint(0, 256, (4, 32), generator=g) for _ in range(16)]
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config)
+
+    def stepper(model: torch.nn.Module, compiled: bool) -> Callable[[], float]:
+        model.to("neuron")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        it = iter(data * 64)
+        forward = _compiled(model, compiled)
+        apply = _compiled(opt.step, compiled)
+
+        def step() -> float:
+            ids = next(it).to("neuron")
+            loss = forward(input_ids=ids, labels=ids).loss  # type: ignore[union-attr]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            apply()
+            return float(loss.item())
 
         return step
 
@@ -114,8 +167,8 @@ def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
     models = {mode: copy.deepcopy(base) for mode in MODES}
     steps_of = {}
     for mode in MODES:
-        torch.neuron.set_eager_mode(mode)
-        steps_of[mode] = stepper(models[mode], 0)
+        torch.neuron.set_eager_mode("adaptive" if mode == "adaptive" else "eager")
+        steps_of[mode] = stepper(models[mode], mode == "compiled")
         for _ in range(warmup):  # compile everything; let fused graphs come back
             steps_of[mode]()
             wait_for_fused_compiles()
@@ -126,7 +179,7 @@ def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
     losses: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(steps):
         for mode in MODES:
-            torch.neuron.set_eager_mode(mode)
+            torch.neuron.set_eager_mode("adaptive" if mode == "adaptive" else "eager")
             before = torch.neuron.metrics()
             start = time.perf_counter()
             losses[mode].append(steps_of[mode]())
@@ -139,7 +192,14 @@ def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
             r["launch"].append(after["launches"] - before["launches"])
             r["hbm"].append((after["hbm_bytes"] - before["hbm_bytes"]) / 2**20)
     same = losses["eager"] == losses["adaptive"]
-    print(f"\n{name}: {steps} warm steps per mode (losses identical across modes: {same})")
+    worst = max(
+        abs(c - e) / max(abs(e), 1e-12)
+        for c, e in zip(losses["compiled"], losses["eager"], strict=True)
+    )
+    print(
+        f"\n{name}: {steps} warm steps per mode (losses: adaptive identical to eager: {same}; "
+        f"compiled within {worst:.1e} of eager)"
+    )
     print(
         f"{'mode':<9} {'sim step us':>12} {'device busy us':>15} {'host ms/step':>13} {'launches':>9} {'HBM MiB':>8}"
     )
@@ -149,11 +209,13 @@ def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
         print(
             f"{mode:<9} {r['sim']:>12.1f} {r['busy']:>15.1f} {r['host']:>13.2f} {r['launch']:>9.0f} {r['hbm']:>8.2f}"
         )
-    e, a = med["eager"], med["adaptive"]
-    print(
-        f"adaptive / eager: simulated step {a['sim'] / e['sim']:.2f}, device busy {a['busy'] / e['busy']:.2f}, "
-        f"real host time {a['host'] / e['host']:.2f}, launches {a['launch'] / e['launch']:.3f}, HBM bytes {a['hbm'] / e['hbm']:.2f}"
-    )
+    for top, bottom in (("adaptive", "eager"), ("adaptive", "compiled"), ("eager", "compiled")):
+        a, b = med[top], med[bottom]
+        print(
+            f"{top} / {bottom}: simulated step {a['sim'] / b['sim']:.2f}, device busy "
+            f"{a['busy'] / b['busy']:.2f}, real host time {a['host'] / b['host']:.2f}, launches "
+            f"{a['launch'] / b['launch']:.3f}, HBM bytes {a['hbm'] / b['hbm']:.2f}"
+        )
 
 
 def main() -> None:
@@ -165,6 +227,9 @@ def main() -> None:
         pass
     measure("GPT example", gpt_workload(), args.steps, args.warmup)
     measure("MLP", mlp_workload(), args.steps, args.warmup)
+    measure(
+        "Llama-style (transformers LlamaForCausalLM)", llama_workload(), args.steps, args.warmup
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -70,6 +71,28 @@ def _register_direct_kernels() -> None:
     _state["direct_count"] = count
 
 
+# Ops whose PrivateUse1 kernel is registered directly, not reached through the fallback:
+# `torch.tensor(data, device="neuron")` under FakeTensorMode (dynamo tracing a model that
+# makes one, as transformers' KV caches do) copies the data to the device with the Python
+# dispatch key excluded, where PyTorch's fallback trampoline fails an internal assert
+# (python_dispatch.cpp: func != nullptr) and a direct kernel does not.
+_DIRECT_ALWAYS = ("empty.memory_format", "empty_strided", "_copy_from")
+
+
+def _register_early_kernels() -> torch.library.Library:
+    lib = torch.library.Library("aten", "IMPL")
+    for name in _DIRECT_ALWAYS:
+        base, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
+        lib.impl(name, functools.partial(_fallback, op), "PrivateUse1")
+    # _to_copy's own kernel for the device is its composite one (empty + copy_), which the
+    # dispatcher would pick anyway: registered directly for the same reason.
+    to_copy = torch.ops.aten._to_copy.default
+    composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+    lib.impl("_to_copy", functools.partial(to_copy.redispatch, composite), "PrivateUse1")
+    return lib
+
+
 def _tag(obj: Any) -> str | None:
     return (
         "neuron"
@@ -110,6 +133,7 @@ def register() -> None:
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
     _state["fallback"] = lib
+    _state["early"] = _register_early_kernels()
     # Like copy_, _copy_from takes conjugate/negative views as they are (the host alias
     # keeps the bit); materialising them first would call _copy_from again, forever.
     bits = torch.library.Library("aten", "IMPL")

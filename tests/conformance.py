@@ -8,6 +8,8 @@ NOT_COMPARABLE run but are compared on shape and dtype only, with the reason pri
 
 --mode adaptive: each sample also runs REPEATS times in adaptive mode (recorded, and fused
 once its graph's compile is in) and must give eager mode's result bit for bit.
+--mode compiled: the first COMPILED_SAMPLES samples of each op also run wrapped in a function
+compiled with torch.compile(backend="neuron"), three calls each, against the CPU.
 """
 
 from __future__ import annotations
@@ -190,6 +192,29 @@ def _same_as_eager(op: Any, sample: Any) -> None:
         torch.use_deterministic_algorithms(deterministic)
 
 
+class CompiledModeError(AssertionError):
+    """A sample right in eager mode failed or differed under torch.compile(backend="neuron")."""
+
+
+COMPILED_SAMPLES = 3  # samples per op under compile (each one a dynamo and AOT compile)
+
+
+def _compiled_as_cpu(op: Any, sample: Any, expected: Any, values: bool) -> None:
+    """The sample's op wrapped in a function compiled with the neuron backend, called three
+    times (each op's first sight, the region's compile, the fused run): each result must
+    match the CPU's as eager mode's must."""
+    dev_input, dev_args, dev_kwargs = _moved(sample)  # type: ignore[misc]
+
+    def call(x: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return op(x, *args, **kwargs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend="neuron")
+    for _ in range(3):
+        torch.manual_seed(0)
+        _compare(expected, compiled(dev_input, dev_args, dev_kwargs), values)
+
+
 def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     values = op.name not in NOT_COMPARABLE
@@ -222,6 +247,11 @@ def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
                     _same_as_eager(op, sample)
                 except Exception as e:
                     raise AdaptiveModeError(f"adaptive mode: {type(e).__name__}: {e}") from e
+            if mode == "compiled" and count < COMPILED_SAMPLES:
+                try:
+                    _compiled_as_cpu(op, sample, expected, values)
+                except Exception as e:
+                    raise CompiledModeError(f"compiled mode: {type(e).__name__}: {e}") from e
             count += 1
     except _Timeout:
         return Result(name, False, count, f"over the {timeout} s limit")
@@ -311,9 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", action="store_true", help="name each op on stderr")
     parser.add_argument(
         "--mode",
-        choices=("eager", "adaptive"),
+        choices=("eager", "adaptive", "compiled"),
         default="eager",
-        help="adaptive: also check every sample in adaptive mode against eager, bit for bit",
+        help="adaptive: also check every sample in adaptive mode against eager, bit for bit; "
+        "compiled: also run the first samples of each op under torch.compile(backend='neuron')",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)

@@ -1,4 +1,5 @@
-"""One training run of a zoo model in one mode (cpu, eager or adaptive), and what it records.
+"""One training run of a zoo model in one mode (cpu, eager, adaptive or compiled), and what it
+records.
 
 The run trains a deep copy of the initial model STEPS steps of SGD on a fixed batch. Recorded,
 as CPU copies: every step's loss; at step 0 (before the first optimizer step) every floating
@@ -33,7 +34,7 @@ END = STEPS  # the step of what is recorded after training
 LR = 1e-3
 MOMENTUM = 0.9
 RUN_SEED = 0
-MODES = ("cpu", "eager", "adaptive")
+MODES = ("cpu", "eager", "adaptive", "compiled")  # compiled: torch.compile(backend="neuron")
 TRACEBACK_LINES = 16
 
 
@@ -89,13 +90,17 @@ def final_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return params | buffers
 
 
-def train(model: nn.Module, case: Case, batch: dict[str, Any], record: Record) -> None:
-    """STEPS steps of SGD with momentum on the same batch, recording as it goes."""
+def train(
+    model: nn.Module, case: Case, batch: dict[str, Any], record: Record, forward: Any = None
+) -> None:
+    """STEPS steps of SGD with momentum on the same batch, recording as it goes; forward
+    (default: the model) computes the outputs: compiled mode's torch.compile'd model."""
     model.train(case.train_mode)
+    forward = model if forward is None else forward
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for step in range(STEPS):
         record.phase = f"step {step}"
-        output = model(**batch)
+        output = forward(**batch)
         opt.zero_grad(set_to_none=True)
         output["loss"].backward()
         record.add(step, {f"loss/{step}": output["loss"]})
@@ -107,12 +112,12 @@ def train(model: nn.Module, case: Case, batch: dict[str, Any], record: Record) -
             record.compile_timeouts += 1
 
 
-def evaluate(model: nn.Module, batch: dict[str, Any], record: Record) -> None:
+def evaluate(model: nn.Module, batch: dict[str, Any], record: Record, forward: Any = None) -> None:
     """One more forward in eval mode without gradients; records its floating outputs."""
     record.phase = "final forward"
     model.eval()
     with torch.no_grad():
-        record.add(END, floating_tensors(model(**batch), "eval"))
+        record.add(END, floating_tensors((model if forward is None else forward)(**batch), "eval"))
 
 
 def move(initial: nn.Module, device: str, record: Record) -> nn.Module:
@@ -128,12 +133,13 @@ def run_steps(case: Case, initial: nn.Module, batch: dict[str, Any], record: Rec
     """Seeds, moves, trains, evaluates and records the final state; raises what they raise."""
     device = "cpu" if record.mode == "cpu" else "neuron"
     if device == "neuron":
-        torch.neuron.set_eager_mode(record.mode)
+        torch.neuron.set_eager_mode("eager" if record.mode == "compiled" else record.mode)
     seed_everything()
     model = move(initial, device, record)
     inputs = to_device(batch, device)
-    train(model, case, inputs, record)
-    evaluate(model, inputs, record)
+    forward = torch.compile(model, backend="neuron") if record.mode == "compiled" else model
+    train(model, case, inputs, record, forward)
+    evaluate(model, inputs, record, forward)
     record.add(END, final_state(model))
     record.phase = "synchronize"
     if device == "neuron":

@@ -1,4 +1,5 @@
-"""Runs one zoo model in CPU, neuron eager and neuron adaptive mode; prints one JSON line.
+"""Runs one zoo model on CPU and in neuron eager, adaptive and compiled mode; prints one JSON
+line.
 
     .venv/bin/python tests/zoo/worker.py NAME
 
@@ -24,13 +25,14 @@ from verdict import against_cpu, bits
 
 def result(name: str, params: int, runs: dict[str, Record]) -> dict[str, Any]:
     """The verdict on one model, with what explains it (errors, counters, losses, timings)."""
-    cpu, eager, adaptive = (runs[mode] for mode in MODES)
+    cpu, eager, adaptive, compiled = (runs[mode] for mode in MODES)
     return {
         "name": name,
         "family": ZOO[name].family,
         "params": params,
         "eager": against_cpu(eager, cpu),
         "adaptive": against_cpu(adaptive, cpu),
+        "compiled": against_cpu(compiled, cpu),
         "bits": bits(adaptive, eager),
         "ties_lost": {mode: run.ties_lost for mode, run in runs.items()},
         "counters": adaptive.counters,

@@ -31,6 +31,7 @@ COLUMNS = (
     "eager",
     "adaptive",
     "adaptive==eager",
+    "compiled",
     "seconds",
     "reason",
 )
@@ -84,6 +85,7 @@ def reason(result: dict[str, Any]) -> str:
         cpu_reason("eager", result["eager"]),
         cpu_reason("adaptive", result["adaptive"]),
         bits_reason(result["bits"]),
+        cpu_reason("compiled", result["compiled"]),
         f"ties lost: {ties}" if ties else None,
     ]
     return "; ".join(p for p in parts if p)
@@ -99,6 +101,7 @@ def row(result: dict[str, Any]) -> list[str]:
         vs_cpu_cell(result.get("eager")),
         vs_cpu_cell(result.get("adaptive")),
         bits_cell(result.get("bits")),
+        vs_cpu_cell(result.get("compiled")),
         f"{result['seconds']:.1f}",
         reason(result),
     ]
@@ -120,9 +123,11 @@ def summary(results: list[dict[str, Any]], seconds: float) -> str:
     eager = sum(passed(r, "eager") for r in results)
     adaptive = sum(passed(r, "adaptive") for r in results)
     same = sum(bit_identical(r) for r in results)
+    compiled = sum(passed(r, "compiled") for r in results)
     return (
         f"{eager} passed, {n - eager} failed\n"
         f"adaptive: {adaptive} of {n} pass against CPU, {same} of {n} bit-identical to eager\n"
+        f"compiled: {compiled} of {n} pass against CPU\n"
         f"zoo: {n} models in {seconds:.0f} s"
     )
 
