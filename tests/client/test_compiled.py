@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+from tests.daemon.helpers import daemon_stats, start_daemon
 
 
 def _mlp() -> nn.Module:
@@ -120,3 +127,57 @@ def test_set_default_backend_makes_neuron_the_backend() -> None:
         assert _delta(before, "compiled_dynamo_graphs") == 1
     finally:
         torch.compiler.set_default_backend("inductor")
+
+
+def test_generate_with_a_static_kv_cache_under_compile_gives_eager_tokens() -> None:
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(3, 128, (1, 6))
+    kwargs = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    cpu = model.generate(ids, cache_implementation="static", **kwargs)
+    model.to("neuron")
+    model.forward = torch.compile(model.forward, backend="neuron")
+    before = torch.neuron.metrics()
+    for _ in range(2):
+        out = model.generate(ids.to("neuron"), cache_implementation="static", **kwargs)
+        assert torch.equal(out.cpu(), cpu)
+    assert _delta(before, "compiled_calls") > 0
+    assert _delta(before, "fused_executions") > 0
+
+
+def test_a_second_run_of_a_compiled_script_compiles_nothing(tmp_path: Path) -> None:
+    """Two processes against one daemon: everything the second needs is in its caches."""
+    daemon = start_daemon(tmp_path)
+    env = {**os.environ, "NEURON_COMPILE_DAEMON": daemon.address}
+    script = Path(__file__).with_name("compiled_script.py")
+    try:
+        runs, compiles = [], []
+        for _ in range(2):
+            out = subprocess.run(
+                [sys.executable, str(script)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+                check=True,
+            )
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            compiles.append(daemon_stats(daemon.address).compiles)
+    finally:
+        daemon.stop()
+    assert runs[0]["losses"] == runs[1]["losses"]
+    assert runs[1]["fused"] > 0 and runs[1]["ready"] > 0
+    assert compiles[0] > 0
+    assert compiles[1] == compiles[0], compiles
