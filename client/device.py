@@ -295,6 +295,21 @@ def metrics() -> dict[str, int]:
     return runtime.get().snapshot()
 
 
+def register_kernel(op: Any, cost: Any) -> None:
+    """Makes a torch.library.custom_op one neuron kernel with a declared cost (client/kernels.py)."""
+    from trnsim.client import kernels
+
+    kernels.register_kernel(op, cost)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KernelCost":  # torch.neuron.KernelCost(engine, ns, flops, hbm_bytes)
+        from trnsim.compiler.graph import KernelCost
+
+        return KernelCost
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
+
+
 def compiled_explain() -> list[dict[str, Any]]:
     """Why torch.compile(backend="neuron") recompiled: per function, the guard failures."""
     from trnsim.client import compiled

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from trnsim.client import memory, runtime, shapes
+from trnsim.client import kernels, memory, runtime, shapes
 from trnsim.client.errors import check_device_index, execution_error, user_frame, user_location
 from trnsim.client.memory import to_device
 from trnsim.client.ops import (
@@ -303,12 +303,14 @@ def _build(
             out_types.append(DYNAMIC)
         else:
             returns.append(Return(VALUE))
+    op_name = spec.name if "::" in spec.name else f"aten::{spec.name}"
     node = Node(
-        spec.name if "::" in spec.name else f"aten::{spec.name}",
+        op_name,
         tuple(named),
         tuple(out_types),
         tuple(aliases),
         tuple(k for k, (name, _) in enumerate(named) if name in spec.mutated),
+        kernels.cost_of(op_name, args, kwargs),  # (custom kernels only)
     )
     graph = Graph(
         tuple(inputs),

@@ -120,6 +120,19 @@ class Alias:
     writes: bool = False
 
 
+KERNEL_ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """A custom kernel's declared cost: its engine, its time there, flops and HBM bytes."""
+
+    engine: str
+    ns: float
+    flops: int = 0
+    hbm_bytes: int = 0
+
+
 @dataclass(frozen=True)
 class Node:
     op: str  # overload name, "aten::add.Tensor"
@@ -127,6 +140,7 @@ class Node:
     outputs: tuple[TensorType, ...]
     aliases: tuple[Alias, ...] = ()
     mutated_args: tuple[int, ...] = ()  # written but not returned (running stats, foreach lists)
+    cost: KernelCost | None = None  # declared by a custom kernel (client/kernels.py)
 
     @property
     def name(self) -> str:
@@ -266,6 +280,13 @@ def _check_node(node: Node, i: int) -> None:
         raise GraphError(f"{where}: {len(node.args)} arguments, over the limit")
     for k, t in enumerate(node.outputs):
         _check_type(t, f"{where} output {k}", unknown_ok=True)
+    cost = node.cost
+    if cost is not None and (
+        cost.engine not in KERNEL_ENGINES or not 0 <= cost.ns < 1e12 or cost.flops < 0
+    ):
+        raise GraphError(
+            f"{where}: declared cost {cost} (engine one of {KERNEL_ENGINES}, 0 <= ns < 1e12)"
+        )
     for name, value in node.args:
         if len(name) > LIMITS.max_name_length:
             raise GraphError(f"{where}: an argument name of {len(name)} characters")
@@ -381,16 +402,25 @@ def node_to_proto(n: Node) -> graph_pb2.Node:
             for a in n.aliases
         ],
         mutated_args=n.mutated_args,
+        cost=None
+        if n.cost is None
+        else graph_pb2.KernelCost(
+            engine=n.cost.engine, ns=n.cost.ns, flops=n.cost.flops, hbm_bytes=n.cost.hbm_bytes
+        ),
     )
 
 
 def node_from_proto(p: graph_pb2.Node) -> Node:
+    cost = None
+    if p.HasField("cost"):
+        cost = KernelCost(p.cost.engine, p.cost.ns, p.cost.flops, p.cost.hbm_bytes)
     return Node(
         op=p.op,
         args=tuple(arg_from_proto(a) for a in p.args),
         outputs=tuple(type_from_proto(t) for t in p.outputs),
         aliases=tuple(Alias(a.output, a.argument, a.writes) for a in p.aliases),
         mutated_args=tuple(p.mutated_args),
+        cost=cost,
     )
 
 

@@ -124,6 +124,13 @@ def kernel_for(g: Graph, node: Node, target: Target, sbuf_budget: int, engine: s
     in_elems = max((t.numel for t in ins), default=0)
     low = _low_precision(ins or list(node.outputs))
     sbuf = _staging_bytes(g, node, ins, target)
+    if node.cost is not None:  # a custom kernel that declared its cost
+        c = node.cost
+        ghz = {"tensor": target.tensor_ghz, "vector": target.vector_ghz}.get(
+            c.engine, target.scalar_ghz if c.engine == "scalar" else target.gpsimd_ghz
+        )
+        declared = Cost(c.engine, int(c.ns * ghz), c.ns, c.ns)
+        return Kernel(klass, declared, c.flops, c.hbm_bytes, out_bytes + written, sbuf, c.engine)
     if klass == C.VIEW:
         return Kernel(klass, Cost.zero())
     if klass in (C.DMA_COPY, C.COLLECTIVE):
