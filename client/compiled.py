@@ -19,6 +19,7 @@ reasons are kept per function and shown by `explain()` (`torch.neuron.compiled_e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,9 @@ import torch
 from trnsim.client import runtime
 
 NAME = "neuron"
+log = logging.getLogger(__name__)
+_warned: list[bool] = []
+_fallbacks: list[str] = []  # why graphs ran in the eager mode instead (compiled_explain)
 
 # AOTAutograd's decompositions: none. The chip's compiler takes ATen's ops as they are
 # (its op table classifies each onto an engine), and the executor runs each with the CPU's
@@ -44,6 +48,18 @@ def _skip_in_dynamo() -> None:
 
 
 _skip_in_dynamo()
+
+
+def _numpy_random_as_in_eager() -> None:
+    """numpy.random calls in compiled code draw from numpy's own stream (dynamo's default
+    traces them into torch's generator): a compiled step then draws what the eager one does
+    (transformers' wav2vec2 masks time steps with numpy.random)."""
+    import torch._dynamo.config
+
+    torch._dynamo.config.use_numpy_random_stream = True
+
+
+_numpy_random_as_in_eager()
 
 
 def _region(kind: str, gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
@@ -76,7 +92,15 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: A
     """The dynamo backend "neuron" (entry point torch_dynamo_backends)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    runtime.get().count("compiled_dynamo_graphs")
+    rt = runtime.get()
+    rt.count("compiled_dynamo_graphs")
+    masked = _boolean_mask_indexing(gm)
+    if masked:
+        # AOTAutograd traces such a graph's backward (IndexPutBackward: a nonzero of the
+        # mask) on fake tensors in the autograd engine's device thread, where a Python
+        # backend's data-dependent shape is lost as an error and can abort the process.
+        _eager(rt, f"boolean-mask indexing at {masked}")
+        return gm.forward
     lower = aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
@@ -84,15 +108,61 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: A
         decompositions=DECOMPOSITIONS,
         keep_inference_input_mutations=True,
     )
-    return lower(gm, example_inputs, **kwargs)
+    try:
+        return lower(gm, example_inputs, **kwargs)
+    except Exception as e:  # noqa: BLE001  (never the user's step: this graph runs eagerly)
+        first = str(e).splitlines()[0][:200] if str(e) else ""
+        _eager(rt, f"{type(e).__name__}: {first}")
+        return gm.forward
+
+
+def _eager(rt: runtime.Runtime, why: str) -> None:
+    """A graph that runs in the process's eager mode instead of compiled (counted, said
+    once): dynamo's captured graph itself, called op by op."""
+    rt.count("compiled_fallbacks")
+    _fallbacks.append(why)
+    if not _warned:
+        _warned.append(True)
+        log.warning(
+            "torch.compile(backend='neuron'): a graph runs in the eager mode instead (%s); "
+            "counter compiled_fallbacks, reasons in torch.neuron.compiled_explain()",
+            why,
+        )
+
+
+def _boolean_mask_indexing(gm: torch.fx.GraphModule) -> str:
+    """Where the graph indexes a tensor with a boolean mask (x[mask], x[mask] = v) and
+    needs its gradient: the source line, or "" if it does not."""
+    import operator
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (operator.getitem, operator.setitem):
+            continue
+        args = node.args
+        if len(args) < 2:
+            continue
+        base, index = args[0], args[1]
+        base_value = getattr(base, "meta", {}).get("example_value")
+        indices = index if isinstance(index, (tuple, list)) else (index,)
+        for i in indices:
+            value = getattr(i, "meta", {}).get("example_value")
+            if (
+                isinstance(value, torch.Tensor)
+                and value.dtype == torch.bool
+                and isinstance(base_value, torch.Tensor)
+                and base_value.requires_grad
+            ):
+                return str(node.meta.get("stack_trace", "")).strip().splitlines()[-2:][0].strip()
+    return ""
 
 
 def explain() -> list[dict[str, Any]]:
     """Why compiled functions recompiled: for each one dynamo recompiled, its name, file and
-    line, and the guard failures that caused each recompile (dynamo's own reasons)."""
+    line, and the guard failures that caused each recompile (dynamo's own reasons); then
+    each graph that runs in the eager mode instead of compiled, and why."""
     from torch._dynamo.utils import guard_failures
 
-    out = []
+    out: list[dict[str, Any]] = [{"eager_fallback": why} for why in _fallbacks]
     for code, reasons in guard_failures.items():
         out.append(
             {

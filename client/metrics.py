@@ -38,6 +38,7 @@ COUNTERS = (
     "compiled_inference_graphs",
     "compiled_calls",  # runs of those graphs (regions)
     "compiled_graphs_ready",  # regions compiled at the fused level
+    "compiled_fallbacks",  # graphs AOTAutograd could not lower: run in the eager mode
     # torch.distributed on the neuron backend (client/distributed.py).
     "collectives",  # collectives and point-to-point transfers on the collective queues
     "collective_bytes",  # the bytes they were priced for
