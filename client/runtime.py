@@ -98,7 +98,8 @@ class Runtime:
             raise env.ConfigError(f"eager mode {mode!r}: use 'eager' or 'adaptive'")
         self.flush("sync")
         if mode == "eager":
-            self._recorder_kept, self.recorder = self.recorder, None
+            if self.recorder is not None:  # (eager twice in a row keeps what was kept)
+                self._recorder_kept, self.recorder = self.recorder, None
         elif self.recorder is None:
             self.recorder = self._recorder_kept or RECORDING_MODES[mode](self)
         self.mode = mode

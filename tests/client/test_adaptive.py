@@ -486,3 +486,20 @@ def test_graph_inputs_are_typed_as_the_tensors_were_when_read(adaptive):
     graphs = [s for s in adaptive.recorder.graphs.values() if s.loaded is not None]
     inputs = [[tuple(t.shape) for t in s.loaded.executable.graph.inputs] for s in graphs]
     assert any((2, 3) in shapes and (5,) in shapes for shapes in inputs), inputs
+
+
+def test_switching_to_eager_twice_keeps_the_adaptive_graphs() -> None:
+    """eager -> eager -> adaptive finds the graphs adaptive mode had (they were dropped)."""
+    from trnsim.client import runtime
+
+    rt = runtime.get()
+    torch.neuron.set_eager_mode("adaptive")
+    try:
+        recorder = rt.recorder
+        assert recorder is not None
+        torch.neuron.set_eager_mode("eager")
+        torch.neuron.set_eager_mode("eager")
+        torch.neuron.set_eager_mode("adaptive")
+        assert rt.recorder is recorder
+    finally:
+        torch.neuron.set_eager_mode("eager")
