@@ -5,7 +5,7 @@
 For the GPT example, an MLP and a Llama-style model (transformers' LlamaForCausalLM, small),
 per mode (eager, adaptive, compiled: the model and the optimizer step under
 torch.compile(backend="neuron"), the rest eager): simulated step time, device busy time,
-real host time per step, launches per step and HBM bytes per step, then the ratios adaptive
+simulated host busy time (dispatching, recording, launching), real host time per step, launches per step and HBM bytes per step, then the ratios adaptive
 / eager, adaptive / compiled and eager / compiled. Steps alternate between the modes so all
 see the same machine load. Steady state: the
 compiles are off the simulated clock (NEURON_SIM_COMPILE_CLOCK=off unless set), so adaptive
@@ -174,7 +174,7 @@ def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
             wait_for_fused_compiles()
         steps_of[mode]()
     rows: dict[str, dict[str, list[float]]] = {
-        m: {k: [] for k in ("sim", "busy", "host", "launch", "hbm")} for m in MODES
+        m: {k: [] for k in ("sim", "busy", "hostsim", "host", "launch", "hbm")} for m in MODES
     }
     losses: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(steps):
@@ -188,6 +188,7 @@ def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
             r = rows[mode]
             r["sim"].append((after["wall_ns"] - before["wall_ns"]) / 1e3)
             r["busy"].append((after["device_busy_ns"] - before["device_busy_ns"]) / 1e3)
+            r["hostsim"].append((after["host_busy_ns"] - before["host_busy_ns"]) / 1e3)
             r["host"].append(host * 1e3)
             r["launch"].append(after["launches"] - before["launches"])
             r["hbm"].append((after["hbm_bytes"] - before["hbm_bytes"]) / 2**20)
@@ -201,13 +202,13 @@ def measure(name: str, workload: tuple, steps: int, warmup: int) -> None:
         f"compiled within {worst:.1e} of eager)"
     )
     print(
-        f"{'mode':<9} {'sim step us':>12} {'device busy us':>15} {'host ms/step':>13} {'launches':>9} {'HBM MiB':>8}"
+        f"{'mode':<9} {'sim step us':>12} {'device busy us':>15} {'sim host busy us':>17} {'host ms/step':>13} {'launches':>9} {'HBM MiB':>8}"
     )
     med = {m: {k: statistics.median(v) for k, v in rows[m].items()} for m in MODES}
     for mode in MODES:
         r = med[mode]
         print(
-            f"{mode:<9} {r['sim']:>12.1f} {r['busy']:>15.1f} {r['host']:>13.2f} {r['launch']:>9.0f} {r['hbm']:>8.2f}"
+            f"{mode:<9} {r['sim']:>12.1f} {r['busy']:>15.1f} {r['hostsim']:>17.1f} {r['host']:>13.2f} {r['launch']:>9.0f} {r['hbm']:>8.2f}"
         )
     for top, bottom in (("adaptive", "eager"), ("adaptive", "compiled"), ("eager", "compiled")):
         a, b = med[top], med[bottom]
