@@ -38,7 +38,11 @@ from neuron_helpers import (
 from table import table, yes_no
 from tensors import max_abs_diff, same_bits
 from torch import nn
-from training import MODES, RUN_SEED, to_device
+from training import RUN_SEED, to_device
+
+# generate() with a KV cache in eager and adaptive mode; under torch.compile (a static cache)
+# it is tests/client/test_compiled.py's.
+MODES = ("cpu", "eager", "adaptive")
 
 CALLS = 3
 FORWARDS = 2
