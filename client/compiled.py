@@ -110,6 +110,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: A
     )
     try:
         return lower(gm, example_inputs, **kwargs)
+    except torch._dynamo.exc.TorchDynamoException:
+        raise  # dynamo's own control flow (restarting its analysis, skipping a frame...)
     except Exception as e:  # noqa: BLE001  (never the user's step: this graph runs eagerly)
         first = str(e).splitlines()[0][:200] if str(e) else ""
         _eager(rt, f"{type(e).__name__}: {first}")

@@ -103,18 +103,31 @@ def test_a_graph_break_and_a_data_dependent_op_never_fail_the_step() -> None:
 # compile AdamW computes its bias corrections with tensor ops instead of Python floats, so
 # the result is close to eager's, not identical.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_a_compiled_optimizer_step_matches_eager() -> None:
+def test_a_compiled_clip_and_optimizer_step_matches_eager() -> None:
     models = [_mlp().to("neuron") for _ in range(2)]
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
-    step = torch.compile(opts[1].step, backend="neuron")
+
+    def clip_and_step() -> None:
+        torch.nn.utils.clip_grad_norm_(models[1].parameters(), 1.0)
+        opts[1].step()
+
+    step = torch.compile(clip_and_step, backend="neuron")
     x = torch.randn(6, 8, device="neuron")
-    for _ in range(3):
+    before = torch.neuron.metrics()
+    for _ in range(6):  # (dynamo recompiles as AdamW's step count changes, then generalises)
         for i, (model, opt) in enumerate(zip(models, opts, strict=True)):
             opt.zero_grad()
             model(x).sum().backward()
-            opt.step() if i == 0 else step()
+            if i == 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+            else:
+                step()
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-5, atol=1e-6)
+    # compiled, not run eagerly instead (dynamo restarts its analysis of AdamW's step once)
+    assert _delta(before, "compiled_fallbacks") == 0
+    assert _delta(before, "compiled_graphs_ready") > 0
 
 
 def test_set_default_backend_makes_neuron_the_backend() -> None:
