@@ -96,6 +96,7 @@ class Result:
     passed: bool
     samples: int
     reason: str = ""
+    eager_fallbacks: int = 0  # compiled mode: graphs of the op that ran eagerly instead
 
 
 class _Timeout(Exception):
@@ -199,7 +200,7 @@ class CompiledModeError(AssertionError):
 COMPILED_SAMPLES = 3  # samples per op under compile (each one a dynamo and AOT compile)
 
 
-def _compiled_as_cpu(op: Any, sample: Any, expected: Any, values: bool) -> None:
+def _compiled_as_cpu(op: Any, sample: Any, expected: Any, values: bool) -> int:
     """The sample's op wrapped in a function compiled with the neuron backend, called three
     times (each op's first sight, the region's compile, the fused run): each result must
     match the CPU's as eager mode's must."""
@@ -210,15 +211,18 @@ def _compiled_as_cpu(op: Any, sample: Any, expected: Any, values: bool) -> None:
 
     torch._dynamo.reset()
     compiled = torch.compile(call, backend="neuron")
+    before = torch.neuron.metrics()["compiled_fallbacks"]
     for _ in range(3):
         torch.manual_seed(0)
         _compare(expected, compiled(dev_input, dev_args, dev_kwargs), values)
+    return int(torch.neuron.metrics()["compiled_fallbacks"] - before)
 
 
 def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     values = op.name not in NOT_COMPARABLE
     count = 0
+    fallbacks = 0
 
     def alarm(*_: object) -> None:
         raise _Timeout
@@ -249,7 +253,7 @@ def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
                     raise AdaptiveModeError(f"adaptive mode: {type(e).__name__}: {e}") from e
             if mode == "compiled" and count < COMPILED_SAMPLES:
                 try:
-                    _compiled_as_cpu(op, sample, expected, values)
+                    fallbacks += _compiled_as_cpu(op, sample, expected, values)
                 except Exception as e:
                     raise CompiledModeError(f"compiled mode: {type(e).__name__}: {e}") from e
             count += 1
@@ -262,7 +266,7 @@ def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
         caught.__exit__(None, None, None)
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name])
+    return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name], fallbacks)
 
 
 def float32_ops(names: Iterable[str] | None = None) -> list[Any]:
@@ -364,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         if r.passed and r.reason:
             print(f"shape/dtype only {r.name}: {r.reason}")
     passed = len(results) - len(failed)
+    if args.mode == "compiled":
+        eager = [r.name for r in results if r.eager_fallbacks]
+        print(
+            f"compiled mode: {len(eager)} of {len(results)} ops had a graph run in the eager "
+            f"mode instead of compiled" + (f": {', '.join(eager)}" if eager else "")
+        )
     print(
         f"{len(results)} ops with float32 samples ({args.mode} mode), "
         f"{time.time() - start:.0f} s; "
