@@ -330,26 +330,38 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 finish()
             return NeuronWork(result, 0, False)
         rt = runtime.get()
-        rt.flush("collective")  # recorded ops that produce the inputs run first
-        timeline = rt.timeline
-        timeline.host_work(rt.target.host_submit_ns)
-        arrival = max(timeline.ready_ns(rt.stream), timeline.ready_ns(self.stream))
+        arrival = self._arrive(rt)
         start_ns = self._agree(arrival, what)
         self._run(what, gloo_call)
         staged.back()
         if finish is not None:
             finish()
         cost = cost_model.collective_cost(rt.target, kind, nbytes, self.topology)
-        duration = int(cost.ns)
-        timeline.occupy(self.stream, start_ns, duration, "collective")
+        end = self._occupy(rt, start_ns, int(cost.ns), nbytes, result)
+        return NeuronWork(result, end, True, start_ns, arrival)
+
+    def _arrive(self, rt: runtime.Runtime) -> int:
+        """This rank's arrival at a collective: the recorded ops that produce its inputs run
+        first, the host submits it, and it waits for the current stream and the group's
+        queue."""
+        rt.flush("collective")
+        rt.timeline.host_work(rt.target.host_submit_ns)
+        return max(rt.timeline.ready_ns(rt.stream), rt.timeline.ready_ns(self.stream))
+
+    def _occupy(
+        self, rt: runtime.Runtime, start_ns: int, duration: int, nbytes: int, written: list[Tensor]
+    ) -> int:
+        """Puts a collective on the group's queue and counts it; the device tensors it
+        writes make their first reader wait for its end, which it returns."""
+        rt.timeline.occupy(self.stream, start_ns, duration, "collective")
         end = start_ns + duration
         counts = rt.metrics.counts
         counts["collectives"] += 1
         counts["collective_bytes"] += nbytes
-        for t in result:
+        for t in written:
             if t.device.type == NAME:
                 rt.awaiting[_storage_ptr(t)] = end
-        return NeuronWork(result, end, True, start_ns, arrival)
+        return end
 
     def _agree(self, arrival: int, what: str) -> int:
         """The simulated time every rank starts the collective: the last one's arrival."""
@@ -613,21 +625,14 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         on_device = staged.device
         rt = runtime.get() if on_device else None
-        start = 0
-        if rt is not None:
-            rt.flush("collective")
-            rt.timeline.host_work(rt.target.host_submit_ns)
-            start = max(rt.timeline.ready_ns(rt.stream), rt.timeline.ready_ns(self.stream))
+        start = 0 if rt is None else self._arrive(rt)
         header = torch.tensor([start], dtype=torch.int64)
         self._run("send", lambda: self._gloo.send([header], dst, tag))
         self._run("send", lambda: self._gloo.send(hosts, dst, tag))
         if rt is None:
             return NeuronWork(tensors, 0, False)
-        duration = int(self._p2p(rt, nbytes, dst))
-        rt.timeline.occupy(self.stream, start, duration, "collective")
-        rt.metrics.counts["collectives"] += 1
-        rt.metrics.counts["collective_bytes"] += nbytes
-        return NeuronWork(tensors, start + duration, True)
+        end = self._occupy(rt, start, int(self._p2p(rt, nbytes, dst)), nbytes, [])
+        return NeuronWork(tensors, end, True)
 
     def recv(self, tensors: list[Tensor], src: int, tag: int) -> NeuronWork:
         _check_same_device(tensors, "recv")
@@ -635,11 +640,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         hosts = [staged.host(t) for t in tensors]
         header = torch.zeros(1, dtype=torch.int64)
         rt = runtime.get() if staged.device else None
-        ready = 0
-        if rt is not None:
-            rt.flush("collective")
-            rt.timeline.host_work(rt.target.host_submit_ns)
-            ready = max(rt.timeline.ready_ns(rt.stream), rt.timeline.ready_ns(self.stream))
+        ready = 0 if rt is None else self._arrive(rt)
         self._run("recv", lambda: self._gloo.recv([header], src, tag))
         self._run("recv", lambda: self._gloo.recv(hosts, src, tag))
         staged.back()
@@ -647,13 +648,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             return NeuronWork(tensors, 0, False)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         start = max(ready, int(header.item()))
-        duration = int(self._p2p(rt, nbytes, src))
-        rt.timeline.occupy(self.stream, start, duration, "collective")
-        end = start + duration
-        for t in tensors:
-            rt.awaiting[_storage_ptr(t)] = end
-        rt.metrics.counts["collectives"] += 1
-        rt.metrics.counts["collective_bytes"] += nbytes
+        end = self._occupy(rt, start, int(self._p2p(rt, nbytes, src)), nbytes, tensors)
         return NeuronWork(tensors, end, True)
 
     def _p2p(self, rt: runtime.Runtime, nbytes: int, peer: int) -> float:
