@@ -10,8 +10,14 @@ dedupes and caches it across processes — and launched once per call.
 What the compiler cannot take splits the region: an op with a data-dependent output shape
 or one the compiler does not fuse runs on its own, eagerly, and the rest goes on; dynamo's
 own graph breaks leave the Python between graphs to run in the process's eager mode. A
-region's first run checks each op signature once on its own (as adaptive mode does), so
-the first call of a compiled function runs op by op and the second compiles.
+region compiles on its first call (its ops get no executables of their own) and the fused
+run checks each output against the metadata the graph was traced with.
+
+Dynamic sizes (dynamic=True, mark_dynamic, or dynamo's own after a size changes) run in
+buckets (scheduler/buckets.py): the first size in a bucket compiles the graph traced at
+the bucket's sizes, and that executable runs every size in it, computed at the real size
+and timed as the bucket (simulator/execute.py LoadedExecutable.at_size). A graph that
+does not stay one region at the bucket's sizes compiles per size instead.
 
 Dynamo recompiles a function when its guards fail (a new shape, a new dtype...); the
 reasons are kept per function and shown by `explain()` (`torch.neuron.compiled_explain()`).
@@ -24,12 +30,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from trnsim.client import runtime
+from trnsim.client import env, runtime
+from trnsim.scheduler import buckets
 
 NAME = "neuron"
 log = logging.getLogger(__name__)
 _warned: list[bool] = []
 _fallbacks: list[str] = []  # why graphs ran in the eager mode instead (compiled_explain)
+_bucket_log: list[str] = []  # each shape bucket compiled or refused (compiled_explain)
+_BUCKETS = [buckets.parse(env.shape_buckets())]
 
 # AOTAutograd's decompositions: none. The chip's compiler takes ATen's ops as they are
 # (its op table classifies each onto an engine), and the executor runs each with the CPU's
@@ -62,16 +71,30 @@ def _numpy_random_as_in_eager() -> None:
 _numpy_random_as_in_eager()
 
 
-def _region(kind: str, gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
-    """The callable AOTAutograd runs for one of its graphs: the graph's ops as one region."""
+def _region(
+    kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None
+) -> Callable[[list[Any]], Any]:
+    """The callable AOTAutograd runs for one of its graphs: the graph's ops as one region.
+    With symbolic sizes, each call runs in its sizes' bucket: the bucket's executable is
+    compiled once, from the graph traced at the bucket's sizes, and runs every size in it."""
     run_graph = gm.forward
+    buckets: dict[tuple[int, ...], runtime.Bound | None] = {}  # bounds -> its executable
 
     def run(args: list[Any]) -> Any:
         flat = list(args)
         args.clear()  # (boxed convention: the graph owns its inputs from here)
         rt = runtime.get()
         rt.count("compiled_calls")
-        with rt.compiled_region():
+        bound = None
+        policy = _BUCKETS[0]
+        if sizes is not None and not policy.exact:
+            bounds = tuple(policy.bound(v) for v in sizes.values(flat))
+            if bounds not in buckets:
+                buckets[bounds] = _compile_bucket(rt, kind, run_graph, sizes, flat, bounds)
+            bound = buckets[bounds]
+            if bound is not None:
+                bound = runtime.Bound(bound.executable)
+        with rt.compiled_region(bound):
             return run_graph(*flat)
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -79,11 +102,144 @@ def _region(kind: str, gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
     return run
 
 
+def _compile_bucket(
+    rt: runtime.Runtime,
+    kind: str,
+    run_graph: Callable[..., Any],
+    sizes: _SymbolicSizes,
+    real: list[Any],
+    bounds: tuple[int, ...],
+) -> runtime.Bound | None:
+    """The bucket's executable: the graph traced at the bucket's sizes (over stand-ins for
+    the inputs it could write) and compiled, nothing run. None: it cannot be one executable
+    (the trace is cut, or fails at those sizes); its sizes then compile one by one."""
+    at = dict(zip(sizes.symbols, bounds, strict=True))
+    where = ", ".join(
+        f"{name}={v}->{b}"
+        for name, v, b in zip(sizes.names, sizes.values(real), bounds, strict=True)
+    )
+    bound = runtime.Bound(compile_only=True)
+    try:
+        stand_ins = sizes.stand_ins(real, at)
+        with rt.compiled_region(bound):
+            held = run_graph(*stand_ins)  # (its outputs are the graph's: alive at the flush)
+        del held
+    except Exception as e:  # noqa: BLE001  (the real sizes still run, compiled one by one)
+        bound.cut = bound.cut or f"{type(e).__name__}: {e}"
+    if bound.cut or bound.executable is None:
+        rt.count("compiled_buckets_refused")
+        _bucket_log.append(f"{kind} graph: {where}: no bucket ({bound.cut or 'no ops'})")
+        return None
+    _bucket_log.append(f"{kind} graph: {where}: bucket compiled")
+    return bound
+
+
+class _SymbolicSizes:
+    """A graph's inputs whose sizes are symbolic (dynamic=True, mark_dynamic): where each
+    symbol's value is read from a real call, and each input's sizes at other values."""
+
+    def __init__(self, example_inputs: Sequence[Any], mutated: set[int]) -> None:
+        import sympy  # type: ignore[import-untyped]
+
+        self.exprs: list[Any] = []  # per input: None (static), an int expr, or (sizes, strides)
+        found: dict[Any, tuple[int, int | None]] = {}  # symbol -> (input, dim or None)
+        free: set[Any] = set()
+        for i, e in enumerate(example_inputs):
+            if isinstance(e, torch.SymInt):
+                expr = e.node.expr
+                self.exprs.append(expr)
+                free |= expr.free_symbols
+                if isinstance(expr, sympy.Symbol):
+                    found.setdefault(expr, (i, None))
+            elif isinstance(e, torch.Tensor) and (
+                any(isinstance(d, torch.SymInt) for d in (*e.shape, *e.stride()))
+                or (i in mutated and e.device.type != "cpu")
+            ):
+                shape = [_expr(d) for d in e.shape]
+                stride = [_expr(d) for d in e.stride()]
+                self.exprs.append((shape, stride, e.dtype, e.device))
+                for d, expr in enumerate(shape):
+                    if isinstance(expr, sympy.Symbol):
+                        found.setdefault(expr, (i, d))
+                for expr in (*shape, *stride):
+                    free |= getattr(expr, "free_symbols", set())
+            else:
+                self.exprs.append(None)
+        self.symbols = sorted(free, key=str)
+        self.names = [str(sym) for sym in self.symbols]
+        self.readable = free <= set(found)  # every symbol appears bare somewhere
+        self.where = [found.get(sym) for sym in self.symbols]
+
+    def values(self, args: list[Any]) -> tuple[int, ...]:
+        out = []
+        for i, d in self.where:  # type: ignore[misc]
+            out.append(int(args[i]) if d is None else int(args[i].shape[d]))
+        return tuple(out)
+
+    def stand_ins(self, args: list[Any], at: dict[Any, int]) -> list[Any]:
+        """The inputs at the bucket's sizes: new empty tensors for the symbolic and the
+        written ones, the others as they are (a trace reads nothing)."""
+        out: list[Any] = []
+        for arg, expr in zip(args, self.exprs, strict=True):
+            if expr is None:
+                out.append(arg)
+            elif isinstance(expr, tuple):
+                shape, stride, dtype, device = expr
+                out.append(
+                    torch.empty_strided(
+                        [_value(x, at) for x in shape],
+                        [_value(x, at) for x in stride],
+                        dtype=dtype,
+                        device=arg.device if isinstance(arg, torch.Tensor) else device,
+                    )
+                )
+            else:
+                out.append(_value(expr, at))
+        return out
+
+
+def _expr(d: Any) -> Any:
+    return d.node.expr if isinstance(d, torch.SymInt) else int(d)
+
+
+def _value(expr: Any, at: dict[Any, int]) -> int:
+    if isinstance(expr, int):
+        return expr
+    import sympy  # type: ignore[import-untyped]
+
+    value = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in at.items()})
+    if not value.is_Integer:
+        raise ValueError(f"{expr} is not a whole number at {at}")
+    return int(value)
+
+
+def _symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """The graph's symbolic sizes, or None: none (static shapes), bucketing turned off
+    (NEURON_SHAPE_BUCKETS=exact), or a symbol no input carries bare (left exact)."""
+    if _BUCKETS[0].exact or not any(
+        isinstance(e, torch.SymInt)
+        or (isinstance(e, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in e.shape))
+        for e in example_inputs
+    ):
+        return None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(placeholders)}
+    mutated = set()
+    for node in gm.graph.nodes:  # (functionalized: inputs are written by copy_ at the end)
+        target = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and target is not None and target.is_mutable:
+            for a in node.args:
+                if a in index:
+                    mutated.add(index[a])
+    sizes = _SymbolicSizes(example_inputs, mutated)
+    return sizes if sizes.readable and sizes.symbols else None
+
+
 def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         rt = runtime.get()
         rt.count(f"compiled_{kind}_graphs")
-        return _region(kind, gm)
+        return _region(kind, gm, _symbolic_sizes(gm, example_inputs))
 
     return compile_graph
 
@@ -165,6 +321,7 @@ def explain() -> list[dict[str, Any]]:
     from torch._dynamo.utils import guard_failures
 
     out: list[dict[str, Any]] = [{"eager_fallback": why} for why in _fallbacks]
+    out += [{"shape_bucket": what} for what in _bucket_log]
     for code, reasons in guard_failures.items():
         out.append(
             {

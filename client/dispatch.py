@@ -136,11 +136,12 @@ def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inputs = [t if t.is_cpu else host(t) for t in tensors]
         block = rt.allocate(nbytes)
         try:
-            out = entry.loaded.run(inputs, scalars, rt.generator)[0]
+            loaded = entry.loaded or entry.executable()
+            out = loaded.run(inputs, scalars, rt.generator)[0]
         except ExecutionError as e:
             rt.allocator.free(block)
             raise execution_error(spec.name, e.cause) from e.cause
-        rt.launch(entry.loaded)
+        rt.launch(loaded)
         if not entry.verified:
             _verify(entry, [out])
         return rt.adopt(to_device(out), block, out)
@@ -170,8 +171,9 @@ def _execute(
     for index in entry.out_args:  # the CPU kernel may resize out=: give it a CPU tensor
         inputs[index] = torch.empty(0, dtype=tensors[index].dtype)
     blocks = [rt.allocate(n) for r in entry.returns for n in r.sizes]
+    loaded = entry.loaded or entry.executable()
     try:
-        outs = entry.loaded.run(inputs, scalars, rt.generator)
+        outs = loaded.run(inputs, scalars, rt.generator)
     except ExecutionError as e:
         rt.free_unadopted(blocks)
         raise execution_error(spec.name, e.cause) from e.cause
@@ -180,7 +182,7 @@ def _execute(
         if out.shape != result.shape:
             out.resize_(result.shape)
         rt.host_alias(out).copy_(result)
-    rt.launch(entry.loaded)
+    rt.launch(loaded)
     if entry.dynamic:
         rt.synchronize()
         rt.metrics.counts["dynamic_shape_ops"] += 1
@@ -330,6 +332,19 @@ def _build(
         # they run: recording would move that draw. (The others get the device generator.)
         and not (op_table.is_random(node.op) and "generator" not in spec.argument_names)
     )
+    if fusible and rt.recorder is not None and rt.recorder.region:
+        # Met while recording a compiled region: it runs inside the region's executable, so
+        # its own executable is compiled only if it is ever run on its own.
+        return Entry(
+            None,
+            returns,
+            dynamic,
+            out_args,
+            node,
+            fresh,
+            fusible,
+            compile_later=lambda: rt.executable_for(graph, debug),
+        )
     return Entry(rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible)
 
 

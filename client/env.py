@@ -24,6 +24,7 @@ NEURON_RECORD_SHAPES = "NEURON_RECORD_SHAPES"  # a file: record op signatures (c
 NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with them (default: script)
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
 NEURON_SIM_NODE = "NEURON_SIM_NODE"  # the simulated host this process is on (default: below)
+NEURON_SHAPE_BUCKETS = "NEURON_SHAPE_BUCKETS"  # pow2 (default) | exact | "128,256": compiled mode
 # Set by torchrun: with more ranks in the job than on this node, the node rank names the host,
 # so two torchrun --nnodes 2 launches on one machine are two simulated hosts.
 GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE = "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
@@ -113,6 +114,11 @@ def sim_node() -> str | None:
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def shape_buckets() -> str:
+    """NEURON_SHAPE_BUCKETS: how compiled mode buckets dynamic sizes (scheduler/buckets.py)."""
+    return os.environ.get(NEURON_SHAPE_BUCKETS, "")
 
 
 def record_shapes() -> str:

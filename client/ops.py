@@ -163,7 +163,9 @@ class Entry:
     """What the runtime memoises per op signature: the loaded executable and how to turn its
     CPU results into the op's return value (output metadata included)."""
 
-    loaded: execute.LoadedExecutable
+    # The one-op executable; None until first needed when the signature was first met
+    # while recording a compiled region, which runs it inside the region's executable.
+    loaded: execute.LoadedExecutable | None
     returns: list[Return]
     dynamic: bool  # output shape depends on data: a sync point
     out_args: list[int]  # tensor indices of out= arguments (computed on the CPU, copied back)
@@ -175,11 +177,19 @@ class Entry:
     # Its outputs were checked on a real run against `fresh` (the Meta kernels' metadata,
     # which recording hands out before anything runs); a mismatch makes it unfusible.
     verified: bool = False
+    compile_later: Callable[[], execute.LoadedExecutable] | None = None
 
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)
     fresh_nbytes: int = field(init=False)  # bytes of all the new tensors it makes
     outputs: list[Return] = field(init=False)  # one per executable output (flat_returns)
+
+    def executable(self) -> execute.LoadedExecutable:
+        """The one-op executable, compiled now if it was deferred (see `loaded`)."""
+        if self.loaded is None:
+            assert self.compile_later is not None
+            self.loaded, self.compile_later = self.compile_later(), None
+        return self.loaded
 
     def __post_init__(self) -> None:
         simple = len(self.returns) == 1 and self.returns[0].kind is FRESH and not self.dynamic

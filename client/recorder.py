@@ -46,6 +46,7 @@ from trnsim.compiler.graph import (
     TensorType,
     Value,
     remap_node,
+    to_proto,
 )
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.scheduler import boundaries, compile_policy
@@ -217,7 +218,10 @@ class Recorder:
     def offer(self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[Any]) -> Any:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
         hazard = any(not t.is_cpu and not self._nameable(t) for t in tensors)
-        op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard, entry.verified)
+        # A region records an op signature never run too: its metadata is the Meta kernels',
+        # as a compiled graph's is (the fused run checks each output against it).
+        verified = entry.verified or self.region
+        op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard, verified)
         cut = boundaries.decide(
             len(self.ops), self.issued_on, op, self.rt.queue_depth(), self.policy
         )
@@ -398,6 +402,19 @@ class Recorder:
         input_hosts, input_types = self.input_hosts, self.input_types
         self._reset()
         observable = _observable(ops)
+        bound = self.rt.bound if self.region else None
+        if bound is not None and (reason != "region_end" or bound.cut):
+            bound.cut = bound.cut or f"cut ({reason})"
+            if bound.compile_only:  # (a trace at the bucket's sizes: nothing of it runs)
+                if reason == "region_end":
+                    return
+                raise runtime.RegionCut(f"the region is cut before its end ({reason})")
+            bound = None  # it runs as regions without a bucket do
+        if bound is not None and bound.compile_only:
+            graph, debug = _graph(ops, input_types, observable, "compiled")
+            bound.executable = self.rt.executable_for(graph, debug, self.rt.fused_options)
+            self.rt.count("compiled_buckets")
+            return
         self.rt.count("graphs_formed")
         self.rt.count(f"cut_{reason}")
         signature = (tuple(parts), tuple(observable))
@@ -407,7 +424,16 @@ class Recorder:
         state.history.seen += 1
         self._collect(state)
         if self.region and state.loaded is None and not state.fallback:
-            self._compile_now(state, ops, input_types, observable)
+            if bound is not None and bound.executable is not None:
+                # A size inside a compiled bucket: the bucket's executable, run at this size
+                # (the graph as recorded here gives its numerics; nothing compiles).
+                graph, debug = _graph(ops, input_types, observable, "compiled")
+                state.loaded = bound.executable.at_size(to_proto(graph), debug)
+                state.history.requested = state.history.ready = True
+            else:
+                self._compile_now(state, ops, input_types, observable)
+        if bound is not None:
+            self.rt.count("compiled_bucket_runs")
         with self.rt.on_stream(stream):  # the work goes where it was issued
             if state.loaded is not None and not state.fallback:
                 self._run_fused(state, ops, input_hosts, observable)
@@ -434,7 +460,8 @@ class Recorder:
                     for j, out in enumerate(op.view.run(args)):
                         env[Value(i, j)] = out
                     continue
-                results = entry.loaded.run(args, op.scalars, rt.generator)
+                loaded = entry.executable()
+                results = loaded.run(args, op.scalars, rt.generator)
                 made = iter(op.hosts)
                 kinds = entry.outputs
                 if len(kinds) != len(results):
@@ -446,7 +473,7 @@ class Recorder:
             except Exception as e:  # noqa: BLE001  (named with the op and its source line)
                 cause = e.cause if isinstance(e, ExecutionError) else e
                 raise _located(op, cause, ops) from cause
-            rt.launch(entry.loaded)
+            rt.launch(loaded)
             rt.count("op_by_op_ops")
 
     def _run_fused(

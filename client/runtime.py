@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import weakref
@@ -32,6 +33,8 @@ class Recording(Protocol):
     """A mode that records ops to run them later as graphs (adaptive: client/recorder.py).
     Eager dispatch offers it each op and view; the runtime flushes it at sync points."""
 
+    region: bool  # it records compiled mode's regions (Runtime.compiled_region)
+
     @property
     def pending(self) -> bool:
         """Ops are recorded and not yet run."""
@@ -50,6 +53,22 @@ class Recording(Protocol):
     def flush(self, reason: str) -> None:
         """Runs what is recorded."""
         ...
+
+
+@dataclasses.dataclass
+class Bound:
+    """A compiled region run inside a shape bucket (client/compiled.py): one executable,
+    compiled at the bucket's sizes, runs every size in it. `compile_only`: the region is
+    traced at the bucket's sizes to compile that executable (the recorder sets it); nothing
+    runs. `cut`: the region did not stay one graph, so the bucket's executable is not its."""
+
+    executable: execute.LoadedExecutable | None = None
+    compile_only: bool = False
+    cut: str = ""  # why, when it was cut
+
+
+class RegionCut(RuntimeError):
+    """A region traced at a bucket's sizes did not stay one graph (client/compiled.py)."""
 
 
 # The recording modes by name, each registered by its module on import (client/recorder.py:
@@ -90,6 +109,7 @@ class Runtime:
         self.recorder: Recording | None = None  # adaptive mode's (client/recorder.py)
         self._recorder_kept: Recording | None = None  # (its graphs, while in eager mode)
         self._region: Recording | None = None  # compiled mode's (compiled_region)
+        self.bound: Bound | None = None  # the shape bucket the current region runs in
         self.set_mode(settings.eager_mode)
 
     def set_mode(self, mode: str) -> None:
@@ -244,22 +264,29 @@ class Runtime:
         return self.compiler.shared
 
     @contextlib.contextmanager
-    def compiled_region(self) -> Iterator[None]:
+    def compiled_region(self, bound: Bound | None = None) -> Iterator[None]:
         """Ops inside the block are one compiled region (client/compiled.py): recorded by
         the region recorder whatever the eager mode, and run at the block's end. What the
-        mode's own recorder holds runs first (stream order)."""
+        mode's own recorder holds runs first (stream order). `bound`: the region runs in a
+        shape bucket's executable (or is traced to compile it)."""
         self.flush("compiled_region")
         previous = self.recorder
         if self._region is None:
             self._region = REGION_RECORDER[0](self)
         self.recorder = self._region
+        self.bound = bound
         try:
             yield
+        except BaseException as e:
+            if bound is not None and bound.compile_only:
+                bound.cut = bound.cut or f"{type(e).__name__}: {e}"  # (nothing of it runs)
+            raise
         finally:
             try:
                 self._region.flush("region_end")  # (after an error too: those ops were issued)
             finally:
                 self.recorder = previous
+                self.bound = None
 
     # -- timeline -----------------------------------------------------------------------------
     def launch(self, loaded: execute.LoadedExecutable, host_ns: int | None = None) -> None:

@@ -251,6 +251,7 @@ class LoadedExecutable:
     def __init__(self, exe: executable_pb2.Executable) -> None:
         self.executable = exe
         self.key = exe.cache_key
+        self.bound: LoadedExecutable | None = None  # at_size: the executable it runs as
         self.modelled_ns = exe.modelled_ns
         self.hbm_bytes = exe.hbm_bytes
         steps: dict[int, _Step] = {}
@@ -315,6 +316,30 @@ class LoadedExecutable:
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
         return [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
+
+    def at_size(self, graph: graph_pb2.Graph, debug: graph_pb2.GraphDebug) -> LoadedExecutable:
+        """This executable run at sizes inside those it was compiled at (a shape bucket's
+        upper bound, client/compiled.py): `graph` is the same program recorded at the real
+        sizes. The numerics are computed at those sizes, its ops in program order; the time,
+        engine use and HBM traffic are this executable's, as the chip runs the program
+        compiled for the bound with the lanes past the real size masked (XLA's bounded
+        dynamic shapes)."""
+        exe = executable_pb2.Executable(
+            format_version=self.executable.format_version,
+            compiler_version=self.executable.compiler_version,
+            target=self.executable.target,
+            cache_key=self.key,
+            graph=graph,
+            modelled_ns=self.modelled_ns,
+            hbm_bytes=self.hbm_bytes,
+        )
+        exe.engines.extend(self.executable.engines)
+        exe.debug.graph.CopyFrom(debug)
+        for i, node in enumerate(graph.nodes):
+            exe.instructions.add(id=i, ops=[node], nodes=[i])
+        loaded = LoadedExecutable(exe)
+        loaded.bound = self
+        return loaded
 
     def _where(self, node: int) -> str:
         if node < len(self.locations) and self.locations[node].file:

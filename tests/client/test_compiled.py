@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -58,8 +59,7 @@ def test_a_compiled_forward_is_one_launch_and_compiles_nothing_when_warm() -> No
     model = torch.compile(_mlp().to("neuron"), backend="neuron")
     x = torch.randn(6, 8, device="neuron")
     with torch.no_grad():
-        for _ in range(3):  # first sight of each op, then the region's compile
-            model(x)
+        model(x)  # the region compiles
         before = torch.neuron.metrics()
         y = model(x)
     assert _delta(before, "launches") == 1
@@ -67,6 +67,22 @@ def test_a_compiled_forward_is_one_launch_and_compiles_nothing_when_warm() -> No
     assert _delta(before, "compiled_calls") == 1
     assert _delta(before, "fused_executions") == 1
     assert y.shape == (6, 4)
+
+
+def test_the_first_call_compiles_the_region_and_launches_it_once() -> None:
+    """A shape never seen: the region compiles at once, as one graph (none of its ops gets
+    an executable of its own), and runs as one launch."""
+    torch._dynamo.reset()  # (a shape other tests gave the model would make dynamo's next dynamic)
+    model = torch.compile(_mlp().to("neuron"), backend="neuron")
+    x = torch.randn(3, 7, 8, device="neuron")  # (a shape no other test compiles)
+    before = torch.neuron.metrics()
+    with torch.no_grad():
+        y = model(x)
+    assert _delta(before, "compiled_graphs_ready") == 1
+    assert _delta(before, "fused_executions") == 1
+    assert _delta(before, "op_by_op_ops") == 0
+    assert _delta(before, "executables_compiled") == 1  # the region's graph alone
+    assert torch.equal(y.cpu(), model._orig_mod(x).cpu())
 
 
 def test_a_new_shape_recompiles_and_says_why() -> None:
@@ -81,9 +97,94 @@ def test_a_new_shape_recompiles_and_says_why() -> None:
     assert torch.equal(f(b).cpu(), scale(b).cpu())
     assert _delta(before, "compiled_dynamo_graphs") >= 2
     reasons = [
-        r for e in torch.neuron.compiled_explain() if e["function"] == "scale" for r in e["reasons"]
+        r
+        for e in torch.neuron.compiled_explain()
+        if e.get("function") == "scale"
+        for r in e["reasons"]
     ]
     assert any("size mismatch" in r and "expected 5, actual 7" in r for r in reasons), reasons
+
+
+def _in_buckets(model: nn.Module, sizes: list[int], **compile_kwargs: Any) -> list[dict[str, int]]:
+    """Trains `model` compiled (and a copy eagerly) on sequences of these lengths; asserts
+    each step's output and gradients equal eager's; the metrics' changes per call."""
+    eager = copy.deepcopy(model)
+
+    def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x).pow(2).sum()
+
+    compiled = torch.compile(loss, backend="neuron", **compile_kwargs)
+    deltas = []
+    for n in sizes:
+        x = torch.randn(2, n, 8, device="neuron")
+        if compile_kwargs.get("dynamic") is None:
+            torch._dynamo.mark_dynamic(x, 1)
+        before = torch.neuron.metrics()
+        y = compiled(model, x)
+        y.backward()
+        deltas.append({k: v - before[k] for k, v in torch.neuron.metrics().items()})
+        z = loss(eager, x)
+        z.backward()
+        assert torch.equal(y.cpu(), z.cpu())
+        for a, b in zip(model.parameters(), eager.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None
+            assert torch.equal(a.grad.cpu(), b.grad.cpu())
+            a.grad, b.grad = None, None
+    return deltas
+
+
+def _block() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("how", ["dynamic=True", "mark_dynamic"])
+def test_dynamic_sizes_compile_once_per_bucket_and_compute_at_their_size(how: str) -> None:
+    kwargs: dict[str, Any] = {"dynamic": True} if how == "dynamic=True" else {}
+    deltas = _in_buckets(_block().to("neuron"), [5, 7, 6, 8, 9], **kwargs)
+    # 5 opens bucket 8 (forward and backward: one executable each); 7, 6 and 8 run in it
+    # and compile nothing; 9 opens bucket 16.
+    assert [d["compiled_buckets"] for d in deltas] == [2, 0, 0, 0, 2]
+    assert [d["compiled_bucket_runs"] for d in deltas] == [2, 2, 2, 2, 2]
+    for d in deltas[1:4]:
+        assert d["executables_compiled"] == 0
+        assert d["compiled_graphs_ready"] == 0
+    # A bucket's executable is priced at its bound: every size in it moves the same bytes.
+    assert len({d["hbm_bytes"] for d in deltas[:4]}) == 1
+    assert deltas[4]["hbm_bytes"] > deltas[0]["hbm_bytes"]
+    what = [e["shape_bucket"] for e in torch.neuron.compiled_explain() if "shape_bucket" in e]
+    assert any("->8: bucket compiled" in w for w in what), what
+
+
+def test_listed_buckets_and_exact_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trnsim.client import compiled
+    from trnsim.scheduler import buckets
+
+    monkeypatch.setattr(compiled, "_BUCKETS", [buckets.parse("12,24")])
+    deltas = _in_buckets(_block().to("neuron"), [5, 11, 13], dynamic=True)
+    assert [d["compiled_buckets"] for d in deltas] == [2, 0, 2]
+    monkeypatch.setattr(compiled, "_BUCKETS", [buckets.parse("exact")])
+    deltas = _in_buckets(_block().to("neuron"), [3, 4], dynamic=True)
+    assert [d["compiled_buckets"] for d in deltas] == [0, 0]
+    assert [d["compiled_graphs_ready"] for d in deltas] == [2, 2]  # each size its own
+
+
+def test_a_region_that_cannot_stay_one_graph_is_not_bucketed() -> None:
+    """Dropout draws from the CPU's generator, so it runs on its own and cuts the region:
+    such a graph compiles per size, says why, and computes what eager mode computes."""
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(t * 2, 0.5).sum(-1)
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    for n in (5, 6):
+        x = torch.randn(n, 4, device="neuron")
+        torch.manual_seed(1)
+        y = compiled(x)
+        torch.manual_seed(1)
+        assert torch.equal(y.cpu(), f(x).cpu())
+    what = [e["shape_bucket"] for e in torch.neuron.compiled_explain() if "shape_bucket" in e]
+    assert any("no bucket (cut (not_fusible))" in w for w in what), what
 
 
 def test_a_graph_break_and_a_data_dependent_op_never_fail_the_step() -> None:
