@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from trnsim.client import env, runtime
+from trnsim.client import env, errors, runtime
 from trnsim.scheduler import buckets
 
 NAME = "neuron"
@@ -77,6 +77,7 @@ def _region(
     """The callable AOTAutograd runs for one of its graphs: the graph's ops as one region.
     With symbolic sizes, each call runs in its sizes' bucket: the bucket's executable is
     compiled once, from the graph traced at the bucket's sizes, and runs every size in it."""
+    _source_lines(gm)
     run_graph = gm.forward
     buckets: dict[tuple[int, ...], runtime.Bound | None] = {}  # bounds -> its executable
 
@@ -132,6 +133,28 @@ def _compile_bucket(
         return None
     _bucket_log.append(f"{kind} graph: {where}: bucket compiled")
     return bound
+
+
+def _source_lines(gm: torch.fx.GraphModule) -> None:
+    """Names the user's line for each line of the graph's generated code (its node's
+    stack trace), so errors and profiles of a compiled region point at the user's program."""
+    import linecache
+    import re
+
+    realize = getattr(gm, "real_recompile", None)  # (a lazy graph module generates it now)
+    if realize is not None:
+        realize()
+    filename = gm.forward.__code__.co_filename
+    nodes = {n.name: n for n in gm.graph.nodes}
+    lines: dict[int, tuple[str, int, str]] = {}
+    for k, text in enumerate(linecache.getlines(filename), start=1):
+        assigned = re.match(r"\s+(\w+) = ", text)
+        node = nodes.get(assigned.group(1)) if assigned else None
+        trace = node.meta.get("stack_trace") if node is not None else None
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', trace or "")
+        if frames:
+            lines[k] = (frames[-1][0], int(frames[-1][1]), frames[-1][2])
+    errors.GENERATED[filename] = lines
 
 
 class _SymbolicSizes:
@@ -265,7 +288,10 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: A
         keep_inference_input_mutations=True,
     )
     try:
-        return lower(gm, example_inputs, **kwargs)
+        # (node metadata kept through AOTAutograd's trace: each ATen node carries the user's
+        # source line, which the recorder and the profiler show)
+        with torch.fx.traceback.preserve_node_meta():
+            return lower(gm, example_inputs, **kwargs)
     except torch._dynamo.exc.TorchDynamoException:
         raise  # dynamo's own control flow (restarting its analysis, skipping a frame...)
     except Exception as e:  # noqa: BLE001  (never the user's step: this graph runs eagerly)

@@ -317,6 +317,29 @@ def compiled_explain() -> list[dict[str, Any]]:
     return compiled.explain()
 
 
+@contextlib.contextmanager
+def profile(path: str | None = None) -> Iterator[Any]:
+    """Profiles the block: each launch on the simulated chip and each instruction of it on
+    its engine, named by its ATen ops and source lines, and each collective (client/
+    profiler.py). Yields the profiler (.summary() is a table, .events the trace). What was
+    recorded before the block runs first; the block's work runs at its end, then the trace
+    is written to `path` (Chrome trace JSON: ui.perfetto.dev) if given."""
+    from trnsim.client import profiler
+
+    rt = runtime.get()
+    rt.flush("profile")
+    previous = rt.profiler
+    prof = rt.profiler = profiler.Profiler(path, rt.core)
+    try:
+        yield prof
+        rt.flush("profile")
+    finally:
+        rt.profiler = previous
+        if previous is not None:
+            previous.events.extend(prof.events)
+    prof.write()
+
+
 def reset_metrics() -> None:
     """Counters and busy times back to zero; the simulated clocks go on."""
     runtime.get().reset_metrics()

@@ -45,6 +45,7 @@ from torch._C._distributed_c10d import (
 from torch._C._distributed_c10d import Work as _CWork
 from torch.futures import Future
 from trnsim.client import env, runtime
+from trnsim.client.errors import user_location
 from trnsim.simulator import cost_model
 from trnsim.simulator import device as sim_device
 
@@ -337,7 +338,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         if finish is not None:
             finish()
         cost = cost_model.collective_cost(rt.target, kind, nbytes, self.topology)
-        end = self._occupy(rt, start_ns, int(cost.ns), nbytes, result)
+        end = self._occupy(rt, kind, start_ns, int(cost.ns), nbytes, result)
         return NeuronWork(result, end, True, start_ns, arrival)
 
     def _arrive(self, rt: runtime.Runtime) -> int:
@@ -349,11 +350,19 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return max(rt.timeline.ready_ns(rt.stream), rt.timeline.ready_ns(self.stream))
 
     def _occupy(
-        self, rt: runtime.Runtime, start_ns: int, duration: int, nbytes: int, written: list[Tensor]
+        self,
+        rt: runtime.Runtime,
+        kind: str,
+        start_ns: int,
+        duration: int,
+        nbytes: int,
+        written: list[Tensor],
     ) -> int:
         """Puts a collective on the group's queue and counts it; the device tensors it
         writes make their first reader wait for its end, which it returns."""
         rt.timeline.occupy(self.stream, start_ns, duration, "collective")
+        if rt.profiler is not None:
+            rt.profiler.collective(kind, start_ns, duration, nbytes, user_location())
         end = start_ns + duration
         counts = rt.metrics.counts
         counts["collectives"] += 1
@@ -631,7 +640,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self._run("send", lambda: self._gloo.send(hosts, dst, tag))
         if rt is None:
             return NeuronWork(tensors, 0, False)
-        end = self._occupy(rt, start, int(self._p2p(rt, nbytes, dst)), nbytes, [])
+        end = self._occupy(rt, "send", start, int(self._p2p(rt, nbytes, dst)), nbytes, [])
         return NeuronWork(tensors, end, True)
 
     def recv(self, tensors: list[Tensor], src: int, tag: int) -> NeuronWork:
@@ -648,7 +657,7 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             return NeuronWork(tensors, 0, False)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         start = max(ready, int(header.item()))
-        end = self._occupy(rt, start, int(self._p2p(rt, nbytes, src)), nbytes, tensors)
+        end = self._occupy(rt, "recv", start, int(self._p2p(rt, nbytes, src)), nbytes, tensors)
         return NeuronWork(tensors, end, True)
 
     def _p2p(self, rt: runtime.Runtime, nbytes: int, peer: int) -> float:

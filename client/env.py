@@ -16,7 +16,7 @@ NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
 NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issue: daemon)
 NEURON_COMPILE_DEADLINE = "NEURON_COMPILE_DEADLINE"  # s a compile waits for the daemon (660)
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
-NEURON_PROFILE = "NEURON_PROFILE"  # trace path (profiler)
+NEURON_PROFILE = "NEURON_PROFILE"  # a file: the process's profile, written at exit
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
 NEURON_SIM_COMPILE_SCALE = "NEURON_SIM_COMPILE_SCALE"  # CPU s burnt per modelled compile s
 NEURON_SIM_COMPILE_CLOCK = "NEURON_SIM_COMPILE_CLOCK"  # on (default) | off: compiles on the clock
@@ -114,6 +114,11 @@ def sim_node() -> str | None:
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def profile_path() -> str:
+    """NEURON_PROFILE: the file the process's profile is written to at exit ("": none)."""
+    return os.environ.get(NEURON_PROFILE, "").strip()
 
 
 def shape_buckets() -> str:

@@ -13,13 +13,25 @@ _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP = (_HERE, _TORCH, "<frozen", os.path.dirname(os.__file__))
 
 
+# Code torch.fx generated (a compiled graph's, client/compiled.py): its file name -> line ->
+# the user's (file, line, function) that line's node was traced from.
+GENERATED: dict[str, dict[int, tuple[str, int, str]]] = {}
+
+
 def user_frame() -> tuple[str, int, str]:
-    """(file, line, function) of the innermost frame outside torch, trnsim and the stdlib."""
+    """(file, line, function) of the innermost frame outside torch, trnsim and the stdlib;
+    in a compiled graph's generated code, the user's line its op was traced from."""
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_SKIP) or "/tests/" in path or "/examples/" in path:
-            return path, frame.f_lineno, frame.f_code.co_name
+            generated = GENERATED.get(path)
+            if generated is None:
+                return path, frame.f_lineno, frame.f_code.co_name
+            where = generated.get(frame.f_lineno)
+            if where is not None:
+                return where
+            # (a node traced from no user line, as in torch's own modules: the caller's)
         frame = frame.f_back  # type: ignore[assignment]
     return "<unknown>", 0, ""
 

@@ -473,7 +473,7 @@ class Recorder:
             except Exception as e:  # noqa: BLE001  (named with the op and its source line)
                 cause = e.cause if isinstance(e, ExecutionError) else e
                 raise _located(op, cause, ops) from cause
-            rt.launch(loaded)
+            rt.launch(loaded, where=lambda op=op: [op.location])  # type: ignore[misc]
             rt.count("op_by_op_ops")
 
     def _run_fused(
@@ -510,7 +510,7 @@ class Recorder:
         for h, result in zip(seen_hosts, results, strict=True):
             if result is not h:  # computed elsewhere (no in-place out= kernel): copy it in
                 h.copy_(result)
-        rt.launch(loaded, host_ns=rt.target.host_submit_ns)
+        rt.launch(loaded, rt.target.host_submit_ns, lambda: [op.location for op in ops])
         rt.count("fused_executions")
         rt.count("fused_ops", sum(1 for op in ops if op.entry is not None))
 

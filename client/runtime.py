@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 import weakref
@@ -12,9 +14,9 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 import torch
-from trnsim.client import env
+from trnsim.client import env, profiler
 from trnsim.client.compile_client import CompileClient, make_client
-from trnsim.client.errors import compile_error, out_of_memory
+from trnsim.client.errors import compile_error, out_of_memory, user_frame
 from trnsim.client.memory import to_host_alias
 from trnsim.client.metrics import Metrics
 from trnsim.client.ops import Entry, OpSpec
@@ -110,6 +112,10 @@ class Runtime:
         self._recorder_kept: Recording | None = None  # (its graphs, while in eager mode)
         self._region: Recording | None = None  # compiled mode's (compiled_region)
         self.bound: Bound | None = None  # the shape bucket the current region runs in
+        self.profiler: profiler.Profiler | None = None  # (NEURON_PROFILE, torch.neuron.profile)
+        if env.profile_path():
+            self.profiler = profiler.Profiler(profiler.trace_path(env.profile_path()), self.core)
+            atexit.register(self._write_profile)
         self.set_mode(settings.eager_mode)
 
     def set_mode(self, mode: str) -> None:
@@ -288,11 +294,24 @@ class Runtime:
                 self.recorder = previous
                 self.bound = None
 
+    def _write_profile(self) -> None:
+        if self.profiler is not None:
+            path = self.profiler.write()
+            if path is not None:
+                print(f"trnsim: profile written to {path} (trnsim profile {path})", file=sys.stderr)
+
     # -- timeline -----------------------------------------------------------------------------
-    def launch(self, loaded: execute.LoadedExecutable, host_ns: int | None = None) -> None:
+    def launch(
+        self,
+        loaded: execute.LoadedExecutable,
+        host_ns: int | None = None,
+        where: Callable[[], list[tuple[str, int, str]]] | None = None,
+    ) -> None:
         """Enqueues an executable on the current stream, after the host's work to launch it:
         `host_ns` when given (a recorded graph's submit), else an eager op's dispatch
-        (modelled, or the real time since the last launch with NEURON_SIM_HOST=measured)."""
+        (modelled, or the real time since the last launch with NEURON_SIM_HOST=measured).
+        `where`: the source line of each node of the graph it was compiled from (for the
+        profiler; default: the caller's line)."""
         timeline = self.timeline
         if host_ns is not None:
             cost = host_ns
@@ -303,8 +322,12 @@ class Runtime:
             cost = self.dispatch_ns
         timeline.host_work(cost)
         if loaded.modelled_ns:
-            timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
+            start = timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
+            if self.profiler is not None:
+                sources = where() if where is not None else [user_frame()]
+                overhead = self.target.launch_overhead_ns
+                self.profiler.launch(loaded, start, overhead, self.stream, sources)
 
     def await_collectives(self, tensors: list[torch.Tensor]) -> None:
         """The current stream waits for the collectives writing any of these tensors (an

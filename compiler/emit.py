@@ -89,6 +89,7 @@ def emit(
         hbm_bytes=sum(i.nbytes for i in instrs if i.engine == "dma"),
     )
     exe.graph.CopyFrom(to_proto(g))
+    exe.node_origin.extend(g.origin or range(len(g.nodes)))
     exe.options.CopyFrom(options)
     for name in DEBUG_ONLY_OPTIONS:  # how it was compiled, not what: the same for everyone
         exe.options.ClearField(name)

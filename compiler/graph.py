@@ -193,6 +193,9 @@ class Graph:
     outputs: tuple[Value, ...]
     name: str = field(default="", compare=False)
     num_scalar_inputs: int = 0
+    # Per node: its index in the graph the compiler was given (the rewrites drop nodes);
+    # empty: the same. Profiles and errors name a node's source line through it.
+    origin: tuple[int, ...] = field(default=(), compare=False)
 
     def type_of(self, value: Value) -> TensorType:
         if value.node is None:

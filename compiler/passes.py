@@ -37,7 +37,12 @@ def _select(g: Graph, kept: list[int]) -> Graph:
         for j in range(len(g.nodes[old].outputs))
     }
     remapped = remap_values(g, mapping)
-    return replace(remapped, nodes=tuple(remapped.nodes[i] for i in kept))
+    origin = g.origin or tuple(range(len(g.nodes)))
+    return replace(
+        remapped,
+        nodes=tuple(remapped.nodes[i] for i in kept),
+        origin=tuple(origin[i] for i in kept),
+    )
 
 
 def eliminate_common_subexpressions(g: Graph) -> Graph:

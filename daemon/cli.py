@@ -1,5 +1,6 @@
 """The `trnsim` command: daemon serve|start|stop|status, stats, cache ls|verify|prune|clear,
-registry test|stats and record (the shape registry, client/registry.py)."""
+profile FILE (a profile's table), registry test|stats and record (the shape registry,
+client/registry.py)."""
 
 from __future__ import annotations
 
@@ -197,6 +198,19 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Device time by op, by source line and by engine, from a profile's trace."""
+    from trnsim.simulator import trace
+
+    try:
+        events = trace.read(Path(args.file))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(trace.summary(events, args.top))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trnsim", description=__doc__)
     p.add_argument("--address", help=f"daemon address (default {default_address()})")
@@ -230,6 +244,9 @@ def parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="the on-disk executable cache")
     cache.add_argument("--cache-dir", help=f"default {default_cache_dir()}")
     cache.add_argument("cache_command", choices=["ls", "verify", "prune", "clear"])
+    profile = sub.add_parser("profile", help="the table of a profile (NEURON_PROFILE=FILE)")
+    profile.add_argument("file", help="a trace written by NEURON_PROFILE or torch.neuron.profile")
+    profile.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
     sub.add_parser("registry", help="the shape registry: test FILE | stats FILE (runs torch)")
     sub.add_parser("record", help="-o FILE -- COMMAND: record the op signatures COMMAND runs")
     return p
@@ -259,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             ](args)
         if args.command == "stats":
             return cmd_stats(args)
+        if args.command == "profile":
+            return cmd_profile(args)
         return cmd_cache(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

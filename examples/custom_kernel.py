@@ -1,21 +1,25 @@
 """A custom kernel on the simulated chip: a fused RMSNorm, written as a torch.library custom
 op with a declared cost, used in a small Llama-style MLP block, in every mode.
 
-    python examples/custom_kernel.py
+    python examples/custom_kernel.py [--profile trace.json]
 
 PyTorch's RMSNorm is six ops (pow, mean, add, rsqrt, mul, mul): six launches in eager mode,
 six HBM round trips. The custom op is one: one pass over its input on the Vector engine,
 priced by its cost function (elements / lanes per cycle, plus the first tile's DMA). The
 script trains the block with each norm in eager, adaptive and compiled mode (the losses
-agree), then times a warm forward without gradients: launches and simulated time. (The
+agree), then times a warm forward without gradients: launches and simulated time, and
+prints its profile, where the kernel is one instruction on the Vector engine. (The
 kernel's backward here is PyTorch's ops, recomputing the norm: a custom backward kernel
 would be registered the same way.)
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("NEURON_SIM_COMPILE_CLOCK", "off")  # steady state
 
@@ -93,9 +97,10 @@ class Block(nn.Module):
         return x + self.down(torch.nn.functional.silu(self.up(self.norm(x))))
 
 
-def run(model: nn.Module, mode: str, steps: int = 6) -> tuple[list[float], int, float]:
-    """Trains `steps` SGD steps (the losses), then times one warm forward without gradients
-    (launches and simulated microseconds): the norm's own share shows there."""
+def run(model: nn.Module, mode: str, steps: int = 6) -> tuple[list[float], int, float, Any]:
+    """Trains `steps` SGD steps (the losses), then times and profiles one warm forward
+    without gradients (launches, simulated microseconds, the profile): the norm's own share
+    shows there."""
     compiled = mode == "compiled"
     torch.neuron.set_eager_mode("adaptive" if mode == "adaptive" else "eager")
     model = model.to("neuron")
@@ -115,24 +120,28 @@ def run(model: nn.Module, mode: str, steps: int = 6) -> tuple[list[float], int, 
             forward(x)
         torch.neuron.synchronize()
         before = torch.neuron.metrics()
-        forward(x)
+        with torch.neuron.profile() as prof:
+            forward(x)
         torch.neuron.synchronize()
         after = torch.neuron.metrics()
     torch.neuron.set_eager_mode("eager")
     launches = after["launches"] - before["launches"]
-    return losses, launches, (after["wall_ns"] - before["wall_ns"]) / 1e3
+    return losses, launches, (after["wall_ns"] - before["wall_ns"]) / 1e3, prof
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profile", help="write the compiled forward's trace here (Chrome JSON)")
+    args = p.parse_args()
     torch.manual_seed(0)
     base = Block(256, fused=False)
     print(f"{'norm':<10} {'mode':<9} {'forward launches':>17} {'forward us':>11}  training losses")
-    results = {}
+    results, profiles = {}, {}
     for fused in (False, True):
         for mode in ("eager", "adaptive", "compiled"):
             model = copy.deepcopy(base)
             model.norm.fused = fused
-            losses, launches, wall = run(model, mode)
+            losses, launches, wall, profiles[fused, mode] = run(model, mode)
             results[fused, mode] = losses
             name = "fused" if fused else "pytorch"
             print(
@@ -145,6 +154,13 @@ def main() -> None:
         for a, b in zip(losses, ref, strict=True)
     )
     print(f"largest relative loss difference from PyTorch's RMSNorm in eager mode: {worst:.1e}")
+    for mode in ("eager", "compiled"):  # the kernel in the profile: one instruction, its line
+        print(f"\nprofile of the fused block's warm forward, {mode} mode:")
+        print(profiles[True, mode].summary(top=6))
+    if args.profile:
+        prof = profiles[True, "compiled"]
+        prof.path = Path(args.profile)
+        print(f"\ntrace of the compiled forward: {prof.write()} (ui.perfetto.dev)")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,24 @@ def test_dce_drops_unused_nodes_and_renumbers():
     g.validate()
 
 
+def test_the_rewrites_say_where_each_node_came_from():
+    """Each kept node's index in the graph compiled (profiles name its source line by it),
+    through both passes, and in the executable."""
+    from trnsim import compiler
+
+    b = GraphBuilder()
+    x = b.input([8])
+    b.op("aten::exp.default", x, out=f32(8))  # 0: unused
+    a = b.op("aten::neg.default", x, out=f32(8))  # 1
+    a2 = b.op("aten::neg.default", x, out=f32(8))  # 2: the same as 1
+    s = b.op("aten::add.Tensor", a, a2, out=f32(8))  # 3
+    g = eliminate_common_subexpressions(eliminate_dead_code(b.build(s)))
+    assert [n.op for n in g.nodes] == ["aten::neg.default", "aten::add.Tensor"]
+    assert g.origin == (1, 3)
+    exe = compiler.compile(b.build(s))
+    assert list(exe.node_origin) == [1, 3]
+
+
 def test_dce_keeps_writes_and_random_ops():
     b = GraphBuilder()
     x = b.input([8])

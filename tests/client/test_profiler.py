@@ -1,0 +1,158 @@
+"""The profiler: each launch and each instruction of it on its engine, named by its ops and
+the user's source lines, in every mode; NEURON_PROFILE writes the trace at exit and
+`trnsim profile` prints its table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from trnsim.client import env, profiler, runtime
+from trnsim.simulator import trace
+
+from tests.client.differential import wait_for_fused_compiles
+from tests.client.test_kernels import scaled_rms_norm
+
+HERE = str(Path(__file__).resolve())
+
+
+def _line(marker: str) -> str:
+    """'<this file>:<line>' of the line ending in `# <marker>`."""
+    for k, text in enumerate(Path(HERE).read_text().splitlines(), start=1):
+        if text.rstrip().endswith(f"# {marker}"):
+            return f"{HERE}:{k}"
+    raise AssertionError(marker)
+
+
+class _Norm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = scaled_rms_norm(x, self.w, 1e-5)  # kernel line
+        return (y * 2).relu()  # elementwise line
+
+
+def _instructions(events: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [e for e in events if e["cat"] == trace.INSTRUCTION]
+
+
+def test_eager_ops_are_launches_with_their_instructions_and_source_lines() -> None:
+    x = torch.randn(4, 64, device="neuron")
+    with torch.neuron.profile() as prof:
+        (x @ x.T).relu()  # eager line
+    launches = [e for e in prof.events if e["cat"] == trace.LAUNCH]
+    assert [e["name"] for e in launches] == ["aten::mm.default", "aten::relu.default"]
+    ins = _instructions(prof.events)
+    assert {e["tid"] for e in ins} >= {"tensor", "dma"}
+    assert {e["args"]["source"] for e in ins} == {_line("eager line")}  # type: ignore[index]
+    # Each instruction lies inside its launch, on the simulated clock.
+    mm = launches[0]
+    for e in ins:
+        if e["args"]["launch"] == "aten::mm.default":  # type: ignore[index]
+            assert mm["ts"] <= e["ts"] and e["ts"] + e["dur"] <= mm["ts"] + mm["dur"] + 1e-6  # type: ignore[operator]
+    table = prof.summary()
+    assert "aten::mm.default" in table and _line("eager line") in table
+
+
+@pytest.mark.parametrize("mode", ["compiled", "adaptive"])
+def test_a_custom_kernel_is_one_instruction_at_its_line_in_fused_graphs(mode: str) -> None:
+    saved = runtime._runtime
+    if mode == "adaptive":  # (a fresh core whose fused compiles are usable once back)
+        settings = replace(env.read(), eager_mode="adaptive", compile_clock=False)
+        runtime._runtime = runtime.Runtime(settings)
+    try:
+        model = _Norm().to("neuron")
+        x = torch.randn(8, 64, device="neuron")
+        forward = torch.compile(model, backend="neuron") if mode == "compiled" else model
+        with torch.no_grad():
+            for _ in range(4):  # (adaptive: first sight, op by op, then fused)
+                y = forward(x)  # (held: an output nothing reads is never computed)
+                torch.neuron.synchronize()
+                wait_for_fused_compiles(runtime.get())
+            with torch.neuron.profile() as prof:
+                y = forward(x)
+            del y
+    finally:
+        if runtime._runtime is not saved:
+            runtime._runtime.close()
+            runtime._runtime = saved
+    launches = [e for e in prof.events if e["cat"] == trace.LAUNCH]
+    assert len(launches) == 1 and "graph" in str(launches[0]["name"])
+    ins = _instructions(prof.events)
+    kernel = [e for e in ins if e["name"] == "trnsim_test::scaled_rms_norm.default"]
+    assert len(kernel) == 1 and kernel[0]["tid"] == "vector"
+    assert kernel[0]["args"]["source"] == _line("kernel line")  # type: ignore[index]
+    sources = {e["args"]["source"] for e in ins if e["name"] == "aten::relu.default"}  # type: ignore[index]
+    assert sources == {_line("elementwise line")}
+
+
+def test_neuron_profile_writes_the_trace_at_exit_and_trnsim_profile_reads_it(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            model = torch.nn.Linear(16, 4).to("neuron")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(2):
+                loss = model(torch.randn(8, 16, device="neuron")).pow(2).mean()
+                loss.backward()
+                opt.step()
+            print(loss.item())
+            """
+        )
+    )
+    path = tmp_path / "trace.json"
+    env = {**os.environ, "NEURON_PROFILE": str(path), "NEURON_COMPILE_DAEMON": "off"}
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"profile written to {path}" in out.stderr
+    data = json.loads(path.read_text())
+    names = {e["name"] for e in data["traceEvents"] if e.get("cat") == trace.LAUNCH}
+    assert {"aten::addmm.default", "aten::mm.default"} <= names
+    table = subprocess.run(
+        [sys.executable, "-m", "trnsim.daemon.cli", "profile", str(path), "--top", "5"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert table.returncode == 0, table.stderr
+    assert "engine time by op" in table.stdout and "train.py:" in table.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    refused = subprocess.run(
+        [sys.executable, "-m", "trnsim.daemon.cli", "profile", str(bad)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "is not a trnsim profile" in refused.stderr
+
+
+def test_each_rank_writes_its_own_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    assert profiler.trace_path("/t/p.json") == "/t/p.json"
+    monkeypatch.setenv("RANK", "3")
+    assert profiler.trace_path("/t/p.json") == "/t/p-rank3.json"
+    assert profiler.trace_path("/t/p{rank}.json") == "/t/p3.json"
