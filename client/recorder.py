@@ -175,6 +175,22 @@ class _Known:
     where: Where
 
 
+# Ops whose CPU kernels can return outputs of other shapes than their Meta kernels say
+# (batch norm in eval returns empty save_mean/save_invstd on the CPU, embedding_bag empty
+# offsets...): found by running every OpInfo sample (forward and backward) on the CPU and on
+# meta. A region runs each on its own the first time, to see what it really returns.
+SHAPES_DIFFER_FROM_META = frozenset(
+    [
+        "aten::native_batch_norm.default",
+        "aten::_native_batch_norm_legit.default",
+        "aten::_native_batch_norm_legit.no_stats",
+        "aten::_native_batch_norm_legit_no_training.default",
+        "aten::_embedding_bag_forward_only.default",
+        "aten::_embedding_bag.default",
+    ]
+)
+
+
 class Recorder:
     def __init__(self, rt: runtime.Runtime, region: bool = False) -> None:
         """region: the recorder of compiled mode's regions (client/compiled.py). A region
@@ -218,9 +234,10 @@ class Recorder:
     def offer(self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[Any]) -> Any:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
         hazard = any(not t.is_cpu and not self._nameable(t) for t in tensors)
-        # A region records an op signature never run too: its metadata is the Meta kernels',
-        # as a compiled graph's is (the fused run checks each output against it).
-        verified = entry.verified or self.region
+        # A region records an op signature never run too (its metadata is the Meta
+        # kernels', as the compiled graph's is), unless the CPU kernel may give outputs of
+        # other shapes: then it runs on its own first, as in adaptive mode.
+        verified = entry.verified or (self.region and spec.name not in SHAPES_DIFFER_FROM_META)
         op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard, verified)
         cut = boundaries.decide(
             len(self.ops), self.issued_on, op, self.rt.queue_depth(), self.policy
@@ -506,6 +523,21 @@ class Recorder:
             self._run_op_by_op(ops, input_hosts, observable)
             self._fall_back(state, e)
             return
+        mismatch = next(
+            (
+                (h, r)
+                for h, r in zip(seen_hosts, results, strict=True)
+                if r is not h and (r.shape != h.shape or r.dtype != h.dtype)
+            ),
+            None,
+        )
+        if mismatch is not None:  # (an op whose CPU kernel disagrees with its Meta kernel)
+            h, r = mismatch
+            raise RuntimeError(
+                f"a fused graph computed an output of shape {tuple(r.shape)} {r.dtype} where "
+                f"{tuple(h.shape)} {h.dtype} was recorded: an op's CPU kernel disagrees with "
+                "its Meta kernel (add it to recorder.SHAPES_DIFFER_FROM_META)"
+            )
         state.verified = True
         for h, result in zip(seen_hosts, results, strict=True):
             if result is not h:  # computed elsewhere (no in-place out= kernel): copy it in
