@@ -37,10 +37,13 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
 def _wants_direct_kernel(name: str) -> bool:
     """Ops that would otherwise decompose before reaching the backend: structured ops
     (CompositeExplicitAutogradNonFunctional), composites CPU replaces with its own kernel,
-    and foreach ops (one executable for the whole list instead of one per tensor)."""
+    foreach ops (one executable for the whole list instead of one per tensor), and the
+    composites in _WHOLE."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     if has(name, "PrivateUse1") or not name.startswith("aten::"):
         return False
+    if name in _WHOLE:
+        return True
     if has(name, "CompositeExplicitAutogradNonFunctional"):
         return True
     if has(name, "CompositeExplicitAutograd"):
@@ -48,6 +51,14 @@ def _wants_direct_kernel(name: str) -> bool:
         # C++ backends implement; the CPU runs its own convolution kernels beneath.
         return has(name, "CPU") or name.startswith(("aten::_foreach_", "aten::convolution"))
     return False
+
+
+# Composites whose own kernel reaches the device through out= variants (arange.start_out,
+# where.self_out), which never join a graph: taken whole, as one op, they do (dynamo's and
+# AOTAutograd's graphs make aranges for positions and _safe_softmax for attention).
+_WHOLE = frozenset(
+    ["aten::arange", "aten::arange.start", "aten::arange.start_step", "aten::_safe_softmax"]
+)
 
 
 def _register_direct_kernels() -> None:

@@ -23,7 +23,7 @@ def _mlp() -> nn.Module:
 
 
 def _delta(before: dict[str, int], key: str) -> int:
-    return torch.neuron.metrics()[key] - before[key]
+    return torch.neuron.metrics().get(key, 0) - before.get(key, 0)
 
 
 def test_the_backend_is_found_after_a_plain_import() -> None:
@@ -295,3 +295,47 @@ def test_a_second_run_of_a_compiled_script_compiles_nothing(tmp_path: Path) -> N
     assert runs[1]["fused"] > 0 and runs[1]["ready"] > 0
     assert compiles[0] > 0
     assert compiles[1] == compiles[0], compiles
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert", "llama"])
+def test_transformers_models_run_dynamic_lengths_in_buckets_bit_identical(arch: str) -> None:
+    """Real architectures (transformers, small configs) under dynamic=True: sequence lengths
+    5, 7, 6 run in bucket 8 and 9 in bucket 16, one executable each, and every output equals
+    eager mode's bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        model = transformers.GPT2LMHeadModel(config)
+    elif arch == "bert":
+        config = transformers.BertConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+        )
+        model = transformers.BertModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+        model = transformers.LlamaForCausalLM(config)
+    model.config.vocab_size = 96
+    model.resize_token_embeddings(96)
+    model = model.eval().to("neuron")
+    compiled = torch.compile(model, backend="neuron", dynamic=True)
+    before = torch.neuron.metrics()
+    g = torch.Generator().manual_seed(1)
+    for n in (5, 7, 6, 9):
+        ids = torch.randint(0, 96, (2, n), generator=g).to("neuron")
+        with torch.no_grad():
+            got = compiled(input_ids=ids)[0]
+            want = model(input_ids=ids)[0]
+        assert torch.equal(got.cpu(), want.cpu()), n
+    assert _delta(before, "compiled_buckets") == 2
+    assert _delta(before, "compiled_bucket_runs") == 4
+    assert _delta(before, "compiled_buckets_refused") == 0
+    assert _delta(before, "compiled_fallbacks") == 0
