@@ -306,15 +306,22 @@ def test_transformers_models_run_dynamic_lengths_in_buckets_bit_identical(arch: 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     if arch == "gpt2":
-        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        config = transformers.GPT2Config(
+            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64
+        )
         model = transformers.GPT2LMHeadModel(config)
     elif arch == "bert":
         config = transformers.BertConfig(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+            vocab_size=96,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
         )
         model = transformers.BertModel(config)
     else:
         config = transformers.LlamaConfig(
+            vocab_size=96,
             hidden_size=32,
             intermediate_size=64,
             num_hidden_layers=2,
@@ -323,8 +330,6 @@ def test_transformers_models_run_dynamic_lengths_in_buckets_bit_identical(arch: 
             max_position_embeddings=64,
         )
         model = transformers.LlamaForCausalLM(config)
-    model.config.vocab_size = 96
-    model.resize_token_embeddings(96)
     model = model.eval().to("neuron")
     compiled = torch.compile(model, backend="neuron", dynamic=True)
     before = torch.neuron.metrics()
