@@ -78,6 +78,7 @@ def _region(
     With symbolic sizes, each call runs in its sizes' bucket: the bucket's executable is
     compiled once, from the graph traced at the bucket's sizes, and runs every size in it."""
     _source_lines(gm)
+    draws = _draws_in_order(gm)
     run_graph = gm.forward
     buckets: dict[tuple[int, ...], runtime.Bound | None] = {}  # bounds -> its executable
 
@@ -91,11 +92,11 @@ def _region(
         if sizes is not None and not policy.exact:
             bounds = tuple(policy.bound(v) for v in sizes.values(flat))
             if bounds not in buckets:
-                buckets[bounds] = _compile_bucket(rt, kind, run_graph, sizes, flat, bounds)
+                buckets[bounds] = _compile_bucket(rt, kind, run_graph, sizes, flat, bounds, draws)
             bound = buckets[bounds]
             if bound is not None:
                 bound = runtime.Bound(bound.executable)
-        with rt.compiled_region(bound):
+        with rt.compiled_region(bound, draws):
             return run_graph(*flat)
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -110,6 +111,7 @@ def _compile_bucket(
     sizes: _SymbolicSizes,
     real: list[Any],
     bounds: tuple[int, ...],
+    draws: bool,
 ) -> runtime.Bound | None:
     """The bucket's executable: the graph traced at the bucket's sizes (over stand-ins for
     the inputs it could write) and compiled, nothing run. None: it cannot be one executable
@@ -122,7 +124,7 @@ def _compile_bucket(
     bound = runtime.Bound(compile_only=True)
     try:
         stand_ins = sizes.stand_ins(real, at)
-        with rt.compiled_region(bound):
+        with rt.compiled_region(bound, draws):
             held = run_graph(*stand_ins)  # (its outputs are the graph's: alive at the flush)
         del held
     except Exception as e:  # noqa: BLE001  (the real sizes still run, compiled one by one)
@@ -133,6 +135,23 @@ def _compile_bucket(
         return None
     _bucket_log.append(f"{kind} graph: {where}: bucket compiled")
     return bound
+
+
+def _draws_in_order(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph's draws from the CPU's generator all come from device ops, which
+    the region records and runs in order at its end: no random op of it runs on the CPU
+    (that one would draw when called, ahead of the recorded ones)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if torch.Tag.nondeterministic_seeded not in target.tags:
+            continue
+        value = node.meta.get("val")
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if not any(isinstance(v, torch.Tensor) and v.device.type == NAME for v in values):
+            return False
+    return True
 
 
 def _source_lines(gm: torch.fx.GraphModule) -> None:
@@ -175,8 +194,7 @@ class _SymbolicSizes:
                 if isinstance(expr, sympy.Symbol):
                     found.setdefault(expr, (i, None))
             elif isinstance(e, torch.Tensor) and (
-                any(isinstance(d, torch.SymInt) for d in (*e.shape, *e.stride()))
-                or (i in mutated and e.device.type != "cpu")
+                any(isinstance(d, torch.SymInt) for d in (*e.shape, *e.stride())) or i in mutated
             ):
                 shape = [_expr(d) for d in e.shape]
                 stride = [_expr(d) for d in e.stride()]
@@ -238,11 +256,17 @@ def _value(expr: Any, at: dict[Any, int]) -> int:
 
 def _symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     """The graph's symbolic sizes, or None: none (static shapes), bucketing turned off
-    (NEURON_SHAPE_BUCKETS=exact), or a symbol no input carries bare (left exact)."""
+    (NEURON_SHAPE_BUCKETS=exact), a symbol no input carries bare, or a graph a trace at
+    the bucket's sizes could not leave without effects (a CPU random op would draw, a
+    collective would reach the other ranks): those compile per size."""
     if _BUCKETS[0].exact or not any(
         isinstance(e, torch.SymInt)
         or (isinstance(e, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in e.shape))
         for e in example_inputs
+    ):
+        return None
+    if not _draws_in_order(gm) or any(
+        str(getattr(n.target, "namespace", "")).startswith("_c10d") for n in gm.graph.nodes
     ):
         return None
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

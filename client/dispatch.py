@@ -323,16 +323,17 @@ def _build(
     path, line, function = user_frame()
     debug = graph_pb2.GraphDebug(name=spec.name)
     debug.node_locations.add(file=path, line=line, function=function)
-    fusible = (
+    # Random ops without a generator argument draw from the CPU's global generator when
+    # they run: recording would move that draw. (The others get the device generator.)
+    cpu_draw = op_table.is_random(node.op) and "generator" not in spec.argument_names
+    recordable = (
         not dynamic
         and not out_args
         and all(r.kind is not VALUE for r in returns)
         and op_table.fusible(node.op)
-        # Random ops without a generator argument draw from the CPU's global generator when
-        # they run: recording would move that draw. (The others get the device generator.)
-        and not (op_table.is_random(node.op) and "generator" not in spec.argument_names)
     )
-    if fusible and rt.recorder is not None and rt.recorder.region:
+    fusible = recordable and not cpu_draw
+    if recordable and rt.recorder is not None and rt.recorder.region:
         # Met while recording a compiled region: it runs inside the region's executable, so
         # its own executable is compiled only if it is ever run on its own.
         return Entry(
@@ -344,8 +345,11 @@ def _build(
             fresh,
             fusible,
             compile_later=lambda: rt.executable_for(graph, debug),
+            cpu_draw=cpu_draw,
         )
-    return Entry(rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible)
+    entry = Entry(rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible)
+    entry.cpu_draw = cpu_draw and recordable
+    return entry
 
 
 # Ops that take CPU tensors next to device tensors on CUDA too: indices (moved by the op),

@@ -178,6 +178,9 @@ class Entry:
     # which recording hands out before anything runs); a mismatch makes it unfusible.
     verified: bool = False
     compile_later: Callable[[], execute.LoadedExecutable] | None = None
+    # Fusible but for drawing from the CPU's generator when it runs (dropout): a compiled
+    # region whose draws all run in its own order records it (client/compiled.py).
+    cpu_draw: bool = False
 
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)

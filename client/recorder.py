@@ -121,8 +121,10 @@ class _Snapshot:
     """A copy of the memory a graph's inputs live in (each storage once, whole: inputs may
     overlap, or be expanded views no copy_ can write) and of the generator's state."""
 
-    def __init__(self, inputs: list[Tensor], generator: torch.Generator) -> None:
+    def __init__(self, inputs: list[Tensor], generator: torch.Generator, cpu: bool) -> None:
+        """cpu: the graph draws from the CPU's generator too (a region's dropout)."""
         self.generator, self.state = generator, generator.get_state()
+        self.cpu_state = torch.default_generator.get_state() if cpu else None
         storages = {h.untyped_storage().data_ptr(): h.untyped_storage() for h in inputs}
         self.saved = [(_bytes(s), _bytes(s).clone()) for s in storages.values()]
 
@@ -130,6 +132,8 @@ class _Snapshot:
         for memory, copy in self.saved:
             memory.copy_(copy)
         self.generator.set_state(self.state)
+        if self.cpu_state is not None:
+            torch.default_generator.set_state(self.cpu_state)
 
 
 def _bytes(storage: torch.UntypedStorage) -> Tensor:
@@ -238,11 +242,18 @@ class Recorder:
         # kernels', as the compiled graph's is), unless the CPU kernel may give outputs of
         # other shapes: then it runs on its own first, as in adaptive mode.
         verified = entry.verified or (self.region and spec.name not in SHAPES_DIFFER_FROM_META)
-        op = boundaries.NextOp(entry.fusible, entry.dynamic, self.rt.stream, hazard, verified)
+        # A draw from the CPU's generator keeps its place in a region nothing else in which
+        # draws from it: the region runs at its end, in order, with no user code between.
+        fusible = entry.fusible or (entry.cpu_draw and self.region and self.rt.region_draws)
+        op = boundaries.NextOp(fusible, entry.dynamic, self.rt.stream, hazard, verified)
         cut = boundaries.decide(
             len(self.ops), self.issued_on, op, self.rt.queue_depth(), self.policy
         )
         if cut is not boundaries.Cut.NONE:
+            bound = self.rt.bound if self.region else None
+            if bound is not None and bound.compile_only:  # (nothing of that trace may run)
+                bound.cut = f"cut ({cut.value})"
+                raise runtime.RegionCut(f"{spec.name} cuts the region ({cut.value})")
             self.flush(cut.value)
         if cut.runs_op_eagerly:
             return NOT_RECORDED
@@ -510,7 +521,8 @@ class Recorder:
         scalars = [s for op in ops for s in op.scalars]
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
         seen_hosts = [h for h, seen in zip(hosts, observable, strict=True) if seen]
-        saved = None if state.verified else _Snapshot(input_hosts, rt.generator)
+        cpu = any(op.entry is not None and op.entry.cpu_draw for op in ops)
+        saved = None if state.verified else _Snapshot(input_hosts, rt.generator, cpu)
         try:
             results = loaded.run(input_hosts, scalars, rt.generator, seen_hosts)
             if len(results) != len(seen_hosts):

@@ -112,6 +112,7 @@ class Runtime:
         self._recorder_kept: Recording | None = None  # (its graphs, while in eager mode)
         self._region: Recording | None = None  # compiled mode's (compiled_region)
         self.bound: Bound | None = None  # the shape bucket the current region runs in
+        self.region_draws = False  # the current region records CPU-generator draws
         self.profiler: profiler.Profiler | None = None  # (NEURON_PROFILE, torch.neuron.profile)
         if env.profile_path():
             self.profiler = profiler.Profiler(profiler.trace_path(env.profile_path()), self.core)
@@ -270,17 +271,22 @@ class Runtime:
         return self.compiler.shared
 
     @contextlib.contextmanager
-    def compiled_region(self, bound: Bound | None = None) -> Iterator[None]:
+    def compiled_region(
+        self, bound: Bound | None = None, draws_in_order: bool = False
+    ) -> Iterator[None]:
         """Ops inside the block are one compiled region (client/compiled.py): recorded by
         the region recorder whatever the eager mode, and run at the block's end. What the
         mode's own recorder holds runs first (stream order). `bound`: the region runs in a
-        shape bucket's executable (or is traced to compile it)."""
+        shape bucket's executable (or is traced to compile it). `draws_in_order`: nothing
+        in the block draws from the CPU's generator but the ops it records (which then
+        draw in the order they were issued)."""
         self.flush("compiled_region")
         previous = self.recorder
         if self._region is None:
             self._region = REGION_RECORDER[0](self)
         self.recorder = self._region
         self.bound = bound
+        self.region_draws = draws_in_order
         try:
             yield
         except BaseException as e:
@@ -293,6 +299,7 @@ class Runtime:
             finally:
                 self.recorder = previous
                 self.bound = None
+                self.region_draws = False
 
     def _write_profile(self) -> None:
         if self.profiler is not None:

@@ -170,21 +170,85 @@ def test_listed_buckets_and_exact_sizes(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_a_region_that_cannot_stay_one_graph_is_not_bucketed() -> None:
-    """Dropout draws from the CPU's generator, so it runs on its own and cuts the region:
-    such a graph compiles per size, says why, and computes what eager mode computes."""
+    """Batch norm in eval runs on its own (its CPU kernel returns other shapes than its Meta
+    kernel) and cuts the region: such a graph compiles per size, says why, and computes
+    what eager mode computes."""
+    stats = [torch.randn(4, device="neuron"), torch.rand(4, device="neuron") + 0.5]
 
     def f(t: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.dropout(t * 2, 0.5).sum(-1)
+        return torch.nn.functional.batch_norm(t * 2, *stats, training=False).relu().sum(-1)
 
     compiled = torch.compile(f, backend="neuron", dynamic=True)
     for n in (5, 6):
         x = torch.randn(n, 4, device="neuron")
-        torch.manual_seed(1)
-        y = compiled(x)
-        torch.manual_seed(1)
-        assert torch.equal(y.cpu(), f(x).cpu())
+        assert torch.equal(compiled(x).cpu(), f(x).cpu())
     what = [e["shape_bucket"] for e in torch.neuron.compiled_explain() if "shape_bucket" in e]
-    assert any("no bucket (cut (not_fusible))" in w for w in what), what
+    assert any("=5->8" in w and "no bucket (cut (first_sight))" in w for w in what), what
+
+
+def test_a_graph_with_a_cpu_random_op_is_not_traced_at_other_sizes() -> None:
+    """Tracing at a bucket's sizes would run a CPU random op (it runs when called, not
+    recorded) and draw from the generator: such a graph compiles per size instead."""
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return (t * 2).sum(-1) + torch.rand(t.shape[0]).to(t.device)
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    for n in (5, 6):
+        x = torch.randn(n, 4, device="neuron")
+        torch.manual_seed(n)
+        before = torch.neuron.metrics()
+        got = compiled(x)
+        assert _delta(before, "compiled_buckets") == 0
+        torch.manual_seed(n)
+        assert torch.equal(got.cpu(), f(x).cpu())
+
+
+def test_dropout_under_compile_stays_in_the_graph_and_draws_what_eager_draws() -> None:
+    """Dropout draws from the CPU's generator: a region nothing else draws in records it,
+    so training is one forward and one backward launch, bit-identical to eager mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(8, 32), nn.Dropout(0.3), nn.GELU(), nn.Linear(32, 4), nn.Dropout(0.2)
+    ).to("neuron")
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="neuron")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
+    x = torch.randn(6, 8, device="neuron")
+    for step in range(3):
+        losses = []
+        for forward, opt in zip((eager, compiled), opts, strict=True):
+            torch.manual_seed(100 + step)
+            before = torch.neuron.metrics()
+            loss = forward(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]
+        assert _delta(before, "fused_executions") == 2  # (the compiled step's)
+        assert _delta(before, "cut_not_fusible") == 0
+    for a, b in zip(eager.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_a_cpu_random_op_in_the_graph_keeps_dropout_on_its_own() -> None:
+    """A CPU random op in the graph draws when it is called, ahead of anything recorded:
+    the device's dropout then runs on its own, in order, and the draws are eager's."""
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        noise = torch.rand(t.shape[0]).to(t.device)  # (on the CPU)
+        return torch.nn.functional.dropout(t, 0.5).sum(-1) + noise
+
+    compiled = torch.compile(f, backend="neuron")
+    x = torch.randn(8, 4, device="neuron")
+    for step in range(2):
+        torch.manual_seed(step)
+        before = torch.neuron.metrics()
+        got = compiled(x)
+        assert _delta(before, "fused_ops") == 2  # sum and add; dropout ran on its own
+        torch.manual_seed(step)
+        assert torch.equal(got.cpu(), f(x).cpu())
 
 
 def test_a_graph_break_and_a_data_dependent_op_never_fail_the_step() -> None:
