@@ -42,7 +42,9 @@ _BUCKETS = [buckets.parse(env.shape_buckets())]
 
 # AOTAutograd's decompositions: none. The chip's compiler takes ATen's ops as they are
 # (its op table classifies each onto an engine), and the executor runs each with the CPU's
-# own kernel, so a compiled region computes what eager mode computes, op for op.
+# own kernel, so a compiled region computes what its ops compute in eager mode, op for op
+# (where AOTAutograd's graph holds other ops than eager dispatch meets, results differ as
+# PyTorch's own aot_eager backend's do on the CPU).
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
 
 
