@@ -32,13 +32,14 @@ from typing import Any
 import torch
 from trnsim.client import env, errors, runtime
 from trnsim.scheduler import buckets
+from trnsim.simulator import execute
 
 NAME = "neuron"
 log = logging.getLogger(__name__)
 _warned: list[bool] = []
 _fallbacks: list[str] = []  # why graphs ran in the eager mode instead (compiled_explain)
 _bucket_log: list[str] = []  # each shape bucket compiled or refused (compiled_explain)
-_BUCKETS = [buckets.parse(env.shape_buckets())]
+_BUCKETS = buckets.parse(env.shape_buckets())
 
 # AOTAutograd's decompositions: none. The chip's compiler takes ATen's ops as they are
 # (its op table classifies each onto an engine), and the executor runs each with the CPU's
@@ -74,15 +75,14 @@ _numpy_random_as_in_eager()
 
 
 def _region(
-    kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None
+    kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, draws: bool
 ) -> Callable[[list[Any]], Any]:
     """The callable AOTAutograd runs for one of its graphs: the graph's ops as one region.
     With symbolic sizes, each call runs in its sizes' bucket: the bucket's executable is
     compiled once, from the graph traced at the bucket's sizes, and runs every size in it."""
     _source_lines(gm)
-    draws = _draws_in_order(gm)
     run_graph = gm.forward
-    buckets: dict[tuple[int, ...], runtime.Bound | None] = {}  # bounds -> its executable
+    executables: dict[tuple[int, ...], Any] = {}  # bounds -> its executable, or None
 
     def run(args: list[Any]) -> Any:
         flat = list(args)
@@ -90,14 +90,14 @@ def _region(
         rt = runtime.get()
         rt.count("compiled_calls")
         bound = None
-        policy = _BUCKETS[0]
-        if sizes is not None and not policy.exact:
-            bounds = tuple(policy.bound(v) for v in sizes.values(flat))
-            if bounds not in buckets:
-                buckets[bounds] = _compile_bucket(rt, kind, run_graph, sizes, flat, bounds, draws)
-            bound = buckets[bounds]
-            if bound is not None:
-                bound = runtime.Bound(bound.executable)
+        if sizes is not None and not _BUCKETS.exact:
+            bounds = tuple(_BUCKETS.bound(v) for v in sizes.values(flat))
+            if bounds not in executables:
+                executables[bounds] = _compile_bucket(
+                    rt, kind, run_graph, sizes, flat, bounds, draws
+                )
+            if executables[bounds] is not None:
+                bound = runtime.Bound(executables[bounds])
         with rt.compiled_region(bound, draws):
             return run_graph(*flat)
 
@@ -114,7 +114,7 @@ def _compile_bucket(
     real: list[Any],
     bounds: tuple[int, ...],
     draws: bool,
-) -> runtime.Bound | None:
+) -> execute.LoadedExecutable | None:
     """The bucket's executable: the graph traced at the bucket's sizes (over stand-ins for
     the inputs it could write) and compiled, nothing run. None: it cannot be one executable
     (the trace is cut, or fails at those sizes); its sizes then compile one by one."""
@@ -136,7 +136,7 @@ def _compile_bucket(
         _bucket_log.append(f"{kind} graph: {where}: no bucket ({bound.cut or 'no ops'})")
         return None
     _bucket_log.append(f"{kind} graph: {where}: bucket compiled")
-    return bound
+    return bound.executable
 
 
 def _draws_in_order(gm: torch.fx.GraphModule) -> bool:
@@ -256,18 +256,18 @@ def _value(expr: Any, at: dict[Any, int]) -> int:
     return int(value)
 
 
-def _symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+def _symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], draws: bool) -> Any:
     """The graph's symbolic sizes, or None: none (static shapes), bucketing turned off
     (NEURON_SHAPE_BUCKETS=exact), a symbol no input carries bare, or a graph a trace at
     the bucket's sizes could not leave without effects (a CPU random op would draw, a
     collective would reach the other ranks): those compile per size."""
-    if _BUCKETS[0].exact or not any(
+    if _BUCKETS.exact or not any(
         isinstance(e, torch.SymInt)
         or (isinstance(e, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in e.shape))
         for e in example_inputs
     ):
         return None
-    if not _draws_in_order(gm) or any(
+    if not draws or any(
         str(getattr(n.target, "namespace", "")).startswith("_c10d") for n in gm.graph.nodes
     ):
         return None
@@ -288,7 +288,8 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         rt = runtime.get()
         rt.count(f"compiled_{kind}_graphs")
-        return _region(kind, gm, _symbolic_sizes(gm, example_inputs))
+        draws = _draws_in_order(gm)
+        return _region(kind, gm, _symbolic_sizes(gm, example_inputs, draws), draws)
 
     return compile_graph
 

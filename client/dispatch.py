@@ -332,24 +332,20 @@ def _build(
         and all(r.kind is not VALUE for r in returns)
         and op_table.fusible(node.op)
     )
-    fusible = recordable and not cpu_draw
-    if recordable and rt.recorder is not None and rt.recorder.region:
-        # Met while recording a compiled region: it runs inside the region's executable, so
-        # its own executable is compiled only if it is ever run on its own.
-        return Entry(
-            None,
-            returns,
-            dynamic,
-            out_args,
-            node,
-            fresh,
-            fusible,
-            compile_later=lambda: rt.executable_for(graph, debug),
-            cpu_draw=cpu_draw,
-        )
-    entry = Entry(rt.executable_for(graph, debug), returns, dynamic, out_args, node, fresh, fusible)
-    entry.cpu_draw = cpu_draw and recordable
-    return entry
+    # An op met while recording a compiled region runs inside the region's executable: its
+    # own is compiled only if it is ever run on its own.
+    lazy = recordable and rt.recorder is not None and rt.recorder.region
+    return Entry(
+        None if lazy else rt.executable_for(graph, debug),
+        returns,
+        dynamic,
+        out_args,
+        node,
+        fresh,
+        recordable and not cpu_draw,
+        compile_later=(lambda: rt.executable_for(graph, debug)) if lazy else None,
+        cpu_draw=recordable and cpu_draw,
+    )
 
 
 # Ops that take CPU tensors next to device tensors on CUDA too: indices (moved by the op),

@@ -535,7 +535,7 @@ class Recorder:
             self._run_op_by_op(ops, input_hosts, observable)
             self._fall_back(state, e)
             return
-        mismatch = next(
+        mismatch = saved is not None and next(  # (the first run: a signature's shapes hold)
             (
                 (h, r)
                 for h, r in zip(seen_hosts, results, strict=True)
@@ -543,7 +543,7 @@ class Recorder:
             ),
             None,
         )
-        if mismatch is not None:  # (an op whose CPU kernel disagrees with its Meta kernel)
+        if mismatch:  # (an op whose CPU kernel disagrees with its Meta kernel)
             h, r = mismatch
             raise RuntimeError(
                 f"a fused graph computed an output of shape {tuple(r.shape)} {r.dtype} where "

@@ -160,10 +160,10 @@ def test_listed_buckets_and_exact_sizes(monkeypatch: pytest.MonkeyPatch) -> None
     from trnsim.client import compiled
     from trnsim.scheduler import buckets
 
-    monkeypatch.setattr(compiled, "_BUCKETS", [buckets.parse("12,24")])
+    monkeypatch.setattr(compiled, "_BUCKETS", buckets.parse("12,24"))
     deltas = _in_buckets(_block().to("neuron"), [5, 11, 13], dynamic=True)
     assert [d["compiled_buckets"] for d in deltas] == [2, 0, 2]
-    monkeypatch.setattr(compiled, "_BUCKETS", [buckets.parse("exact")])
+    monkeypatch.setattr(compiled, "_BUCKETS", buckets.parse("exact"))
     deltas = _in_buckets(_block().to("neuron"), [3, 4], dynamic=True)
     assert [d["compiled_buckets"] for d in deltas] == [0, 0]
     assert [d["compiled_graphs_ready"] for d in deltas] == [2, 2]  # each size its own
