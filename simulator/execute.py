@@ -145,15 +145,18 @@ class _Step:
         self.call_op = kernels.GAPS.get(node.op) or self.op._op
         self.out_op = _out_variant(self.op) if len(node.outputs) == 1 and not node.aliases else None
         self.n_outputs = len(node.outputs)
-        # The layout the graph declares for the output (meta strides). The CPU kernel may pick
-        # another (channels_last convolutions); views later in a graph rely on the declared one.
-        self.declared = (
-            (tuple(node.outputs[0].shape), tuple(node.outputs[0].strides))
-            if len(node.outputs) == 1
-            and not node.aliases
-            and all(s >= 0 for s in node.outputs[0].shape)
+        # The layout the graph declares for each output (the Meta kernel's strides). The CPU
+        # kernel may pick another (channels_last convolutions, layer norm's backward of a
+        # transposed input); views and as_strided later in a graph rely on the declared one.
+        # Outputs that alias an argument are the argument as it is.
+        aliased = {a.output for a in node.aliases}
+        self.declared: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = [
+            (tuple(o.shape), tuple(o.strides))
+            if j not in aliased and all(s >= 0 for s in o.shape)
             else None
-        )
+            for j, o in enumerate(node.outputs)
+        ]
+        self.conforms = any(d is not None for d in self.declared)
         # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
         self.inputs_only = (
             not self.keywords
@@ -208,14 +211,10 @@ class _Step:
         """The result in the layout the graph declares (the Meta kernel's), as a device's
         kernel would write it: views and strides read later depend on it."""
         declared = self.declared
-        assert declared is not None
-        if (
-            isinstance(result, torch.Tensor)
-            and result.stride() != declared[1]
-            and tuple(result.shape) == declared[0]
-        ):
-            conformed = torch.empty_strided(declared[0], declared[1], dtype=result.dtype)
-            return conformed.copy_(result)
+        if isinstance(result, torch.Tensor):
+            return _conformed(result, declared[0])
+        if isinstance(result, tuple) and len(result) == len(declared):
+            return tuple(_conformed(r, d) for r, d in zip(result, declared, strict=True))
         return result
 
     def run_into(self, inputs: Inputs, env: Env, scalars: Scalars, buffer: torch.Tensor) -> None:
@@ -236,7 +235,7 @@ class _Step:
         generator: torch.Generator | None,
     ) -> None:
         result = self.call(inputs, env, scalars, generator)
-        if self.declared is not None:
+        if self.conforms:
             result = self.conform(result)
         if isinstance(result, (tuple, list)):
             for j, r in enumerate(result):
@@ -302,7 +301,7 @@ class LoadedExecutable:
                     result = step.call(inputs, env, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
-            if step.declared is not None:
+            if step.conforms:
                 result = step.conform(result)
             return _flatten(result)
         writable = self.writable if into is not None else {}
@@ -390,6 +389,19 @@ def _out_variant(op: OpOverload) -> OpOverload | None:
     if [str(a.type) for a in out._schema.arguments][:-1] != types:
         return None  # e.g. mul.Scalar against mul.out(Tensor other)
     return out
+
+
+def _conformed(result: Any, declared: tuple[tuple[int, ...], tuple[int, ...]] | None) -> Any:
+    """One output in its declared (shape, strides), copied there if the kernel chose other
+    strides; anything else as it is."""
+    if (
+        declared is None
+        or not isinstance(result, torch.Tensor)
+        or result.stride() == declared[1]
+        or tuple(result.shape) != declared[0]
+    ):
+        return result
+    return torch.empty_strided(declared[0], declared[1], dtype=result.dtype).copy_(result)
 
 
 def _flatten(result: Any) -> list[Any]:
