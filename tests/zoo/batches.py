@@ -70,6 +70,27 @@ def image_batch() -> Batch:
     return {"pixel_values": pixels, "labels": torch.randint(0, CLASSES, (4,), generator=g)}
 
 
+def segmentation_batch() -> Batch:
+    """4 RGB images and a class per pixel."""
+    g = _generator()
+    pixels = torch.randn(4, 3, IMAGE, IMAGE, generator=g)
+    return {
+        "pixel_values": pixels,
+        "labels": torch.randint(0, CLASSES, (4, IMAGE, IMAGE), generator=g),
+    }
+
+
+def characters_batch() -> Batch:
+    """2 x 32 unicode code points (character-level models hash them) and a tag per character."""
+    g = _generator()
+    ids = torch.randint(32, 0x250, (2, 32), generator=g)
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones(2, 32, dtype=torch.long),
+        "labels": torch.randint(0, CLASSES, (2, 32), generator=g),
+    }
+
+
 def audio_batch() -> Batch:
     """2 log-mel spectrograms (16 bins x 32 frames) and decoder labels 2 x 8."""
     g = _generator()

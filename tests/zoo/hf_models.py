@@ -18,10 +18,12 @@ from batches import (
     VOCAB,
     Batch,
     audio_batch,
+    characters_batch,
     image_batch,
     image_text_batch,
     masked_lm_batch,
     padded_text_batch,
+    segmentation_batch,
     seq2seq_batch,
     text_batch,
     waveform_batch,
@@ -77,6 +79,18 @@ RESNET: dict[str, Any] = {  # two stages of one basic block each, BatchNorm
     "depths": [1, 1],
     "layer_type": "basic",
     "num_labels": CLASSES,
+}
+WAV2VEC2: dict[str, Any] = {
+    **ENCODER,
+    "vocab_size": 32,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "conv_dim": (16, 16),  # the conv front-end: 1600 samples -> 159 frames
+    "conv_stride": (5, 2),
+    "conv_kernel": (10, 3),
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 4,
+    "ctc_loss_reduction": "mean",
 }
 CLIP_TEXT: dict[str, Any] = {**DECODER, "hidden_size": 32, "intermediate_size": 64}
 CLIP_VISION: dict[str, Any] = {**VIT, "hidden_size": 32, "intermediate_size": 64}
@@ -142,28 +156,78 @@ ARCHS: tuple[Arch, ...] = (
     encoder("albert", "AlbertForMaskedLM", embedding_size=32),
     encoder("distilbert", "DistilBertForMaskedLM", hidden_dim=128),
     encoder("electra", "ElectraForMaskedLM", embedding_size=32),
+    # Characters hashed into embeddings, a strided conv that downsamples them, a deep
+    # transformer on the short sequence, and an upsampling conv back to characters.
+    Arch(
+        "canine",
+        "encoder",
+        "CanineForTokenClassification",
+        characters_batch,
+        {
+            **ENCODER,
+            "num_labels": CLASSES,
+            "num_hash_buckets": 64,
+            "num_hash_functions": 2,
+            "downsampling_rate": 4,
+            "local_transformer_stride": 8,
+            "max_position_embeddings": 128,
+        },
+    ),
     Arch("t5", "encoder-decoder", "T5ForConditionalGeneration", seq2seq_batch, T5),
     seq2seq("bart", "BartForConditionalGeneration"),
     seq2seq("marian", "MarianMTModel", decoder_start_token_id=0),
     vision("vit", "ViTForImageClassification", hidden_size=64, intermediate_size=128, **VIT),
+    # Shifted windows with a continuous position bias (an MLP over log-spaced coordinates),
+    # cosine attention, patch merging; drop path draws on the device.
+    vision(
+        "swinv2",
+        "Swinv2ForImageClassification",
+        image_size=IMAGE,
+        patch_size=4,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 2],
+        window_size=4,
+    ),
+    # Overlapping strided patch convolutions, attention over spatially reduced keys, a
+    # depthwise conv in the MLP, and an all-MLP decode head with BatchNorm, upsampling and
+    # dropout. drop_path_rate=0: drop path draws from the device's generator and dropout from
+    # the CPU's, where the CPU reference draws both from one (README, "Known limits").
+    Arch(
+        "segformer",
+        "vision",
+        "SegformerForSemanticSegmentation",
+        segmentation_batch,
+        {
+            "num_encoder_blocks": 2,
+            "depths": [1, 1],
+            "sr_ratios": [2, 1],
+            "hidden_sizes": [16, 32],
+            "num_attention_heads": [1, 2],
+            "patch_sizes": [7, 3],
+            "strides": [4, 2],
+            "mlp_ratios": [2, 2],
+            "decoder_hidden_size": 32,
+            "num_labels": CLASSES,
+            "drop_path_rate": 0.0,
+        },
+    ),
     vision("resnet_train", "ResNetForImageClassification", **RESNET),
     vision("resnet_eval", "ResNetForImageClassification", train_mode=False, **RESNET),
+    Arch("wav2vec2", "speech", "Wav2Vec2ForCTC", waveform_batch, WAV2VEC2),
+    # Conformer blocks (a depthwise convolution module with BatchNorm, rotary self-attention)
+    # after a conv front-end normalised by LayerNorm over channels (the large checkpoints').
     Arch(
-        "wav2vec2",
+        "wav2vec2_conformer",
         "speech",
-        "Wav2Vec2ForCTC",
+        "Wav2Vec2ConformerForCTC",
         waveform_batch,
         {
-            **ENCODER,
-            "vocab_size": 32,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "conv_dim": (16, 16),  # the conv front-end: 1600 samples -> 159 frames
-            "conv_stride": (5, 2),
-            "conv_kernel": (10, 3),
-            "num_conv_pos_embeddings": 16,
-            "num_conv_pos_embedding_groups": 4,
-            "ctc_loss_reduction": "mean",
+            **WAV2VEC2,
+            "position_embeddings_type": "rotary",
+            "conv_depthwise_kernel_size": 7,
+            "feat_extract_norm": "layer",
+            "do_stable_layer_norm": True,
         },
     ),
     Arch(

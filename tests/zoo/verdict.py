@@ -61,6 +61,23 @@ def against_cpu(got: Record, cpu: Record) -> dict[str, Any]:
     }
 
 
+def compiled_verdict(compiled: Record, cpu: Record, aot_eager: Record | None) -> dict[str, Any]:
+    """Compiled mode against CPU eager; where it is not within tolerance of it, against
+    PyTorch's aot_eager backend on the CPU, if aot_eager is not within tolerance of CPU eager
+    either (then the difference is PyTorch's own compiled graphs'). `reference` names the
+    run it was judged against."""
+    verdict = against_cpu(compiled, cpu) | {"reference": "cpu"}
+    if verdict["passed"] or aot_eager is None or aot_eager.error:
+        return verdict
+    own = against_cpu(aot_eager, cpu)
+    if own["passed"]:
+        return verdict  # PyTorch's compiled graphs are as close as eager: so must ours be
+    return against_cpu(compiled, aot_eager) | {
+        "reference": "aot_eager",
+        "aot_eager_vs_cpu": own["worst_ratio"],
+    }
+
+
 def _differs(name: str, a: Record, b: Record) -> bool:
     """True when one run lacks the tensor or their bits differ."""
     if name not in a.tensors or name not in b.tensors:

@@ -1,13 +1,16 @@
-"""Trains every zoo model on CPU, neuron eager and neuron adaptive, one process per model.
+"""Trains every zoo model on CPU and on neuron in eager, adaptive and compiled mode, one
+process per model.
 
     .venv/bin/python tests/zoo/zoo.py [NAME ...] [--jobs 2] [--timeout 300] [--json FILE]
 
 With no NAME, the whole zoo runs. Each model runs in its own worker process (worker.py), jobs
-at a time; a crash or a hang (--timeout) is that model's result. Prints a table: eager and
-adaptive against CPU (pass/FAIL and the worst error / tolerance), adaptive == eager bit for
-bit (and the first differing step), then `N passed, M failed` (a model passes when eager
-passes against CPU). Exit status 0 when every model passes in both modes, adaptive equals
-eager bit for bit and no tied weight was untied; 1 otherwise.
+at a time; a crash or a hang (--timeout) is that model's result. Prints a table: eager,
+adaptive and compiled against CPU (pass/FAIL and the worst error / tolerance), adaptive ==
+eager bit for bit (and the first differing step), what compiled mode was judged against (CPU
+eager, or PyTorch's aot_eager backend on the CPU where that is itself out of tolerance of CPU
+eager), then `N passed, M failed` (a model passes when eager passes against CPU). Exit status
+0 when every model passes in all three modes, adaptive equals eager bit for bit and no tied
+weight was untied; 1 otherwise.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ COLUMNS = (
     "adaptive",
     "adaptive==eager",
     "compiled",
+    "compiled vs",
     "seconds",
     "reason",
 )
@@ -43,6 +47,16 @@ def vs_cpu_cell(verdict: dict[str, Any] | None) -> str:
         return "FAIL"
     word = "pass" if verdict["passed"] else "FAIL"
     return f"{word} error" if verdict["error"] else f"{word} {verdict['worst_ratio']:.1e}"
+
+
+def reference_cell(verdict: dict[str, Any] | None) -> str:
+    """What compiled mode was judged against: 'cpu' (eager on the CPU) or 'aot_eager
+    (cpu: 1.2e+00)' (PyTorch's aot_eager backend on the CPU, itself that far from CPU eager)."""
+    if verdict is None:
+        return "-"
+    if verdict.get("reference") == "aot_eager":
+        return f"aot_eager (cpu: {verdict['aot_eager_vs_cpu']:.1e})"
+    return "cpu"
 
 
 def step_name(step: int | None) -> str:
@@ -63,7 +77,13 @@ def cpu_reason(mode: str, verdict: dict[str, Any]) -> str | None:
         return None
     if verdict["error"]:
         return f"{mode}: {verdict['error']}"
-    return f"{mode}: {verdict['worst_tensor']} off by {verdict['worst_ratio']:.1e} x tolerance"
+    against = (
+        f" (against {verdict['reference']})" if verdict.get("reference", "cpu") != "cpu" else ""
+    )
+    return (
+        f"{mode}: {verdict['worst_tensor']} off by {verdict['worst_ratio']:.1e} x tolerance"
+        f"{against}"
+    )
 
 
 def bits_reason(bits: dict[str, Any]) -> str | None:
@@ -102,6 +122,7 @@ def row(result: dict[str, Any]) -> list[str]:
         vs_cpu_cell(result.get("adaptive")),
         bits_cell(result.get("bits")),
         vs_cpu_cell(result.get("compiled")),
+        reference_cell(result.get("compiled")),
         f"{result['seconds']:.1f}",
         reason(result),
     ]
@@ -133,10 +154,10 @@ def summary(results: list[dict[str, Any]], seconds: float) -> str:
 
 
 def all_good(result: dict[str, Any]) -> bool:
-    """Eager and adaptive pass, adaptive equals eager, and no tie was lost."""
+    """Eager, adaptive and compiled pass, adaptive equals eager, and no tie was lost."""
     ties = result.get("ties_lost", {"?": 1})
-    both = passed(result, "eager") and passed(result, "adaptive")
-    return both and bit_identical(result) and not any(ties.values())
+    modes = all(passed(result, mode) for mode in ("eager", "adaptive", "compiled"))
+    return modes and bit_identical(result) and not any(ties.values())
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
