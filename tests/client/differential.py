@@ -3,10 +3,11 @@ compares everything it returns bit for bit: the harness of the differential test
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -25,15 +26,14 @@ def wait_for_fused_compiles(rt: runtime.Runtime, timeout_s: float = 60.0) -> Non
         time.sleep(0.005)
 
 
-def run_in_mode(
-    mode: str, program: Callable[[], Any], repeats: int = 4, seed: int = 0
-) -> tuple[list[Any], dict[str, int]]:
-    """program() `repeats` times on a fresh core in `mode`, its results moved to the CPU
-    after each repetition (a sync point), and the core's counters at the end. Repetitions
-    let adaptive mode run its graphs op by op first and fused once their compiles are in.
+@contextlib.contextmanager
+def fresh_core(mode: str = "eager") -> Iterator[runtime.Runtime]:
+    """A new simulated core (runtime) in `mode` for the block, as a new process gets: nothing
+    an earlier run learnt of an op (its metadata checked on a real run, its executables)
+    carries over. The process's own core is back after.
 
     Deterministic algorithms are on: new memory is filled with NaN (the largest integer), so
-    memory read before it is written shows, instead of holding the last repetition's values."""
+    memory read before it is written shows, instead of holding an earlier run's values."""
     saved = runtime._runtime
     rt = runtime._runtime = runtime.Runtime(replace(env.read(), eager_mode=mode))
     deterministic = torch.are_deterministic_algorithms_enabled()
@@ -45,6 +45,23 @@ def run_in_mode(
     # a tensor of another layout: not something the program observes.
     warnings.filterwarnings("ignore", message=".*do not obey the gradient layout contract")
     try:
+        yield rt
+        rt.flush("sync")
+    finally:
+        caught.__exit__(None, None, None)
+        torch.use_deterministic_algorithms(deterministic)
+        rt.close()
+        runtime._runtime = saved
+
+
+def run_in_mode(
+    mode: str, program: Callable[[], Any], repeats: int = 4, seed: int = 0
+) -> tuple[list[Any], dict[str, int]]:
+    """program() `repeats` times on a fresh core in `mode` (fresh_core), its results moved to
+    the CPU after each repetition (a sync point), and the core's counters at the end.
+    Repetitions let adaptive mode run its graphs op by op first and fused once their
+    compiles are in."""
+    with fresh_core(mode) as rt:
         torch.manual_seed(seed)
         results = []
         for _ in range(repeats):
@@ -52,11 +69,6 @@ def run_in_mode(
             wait_for_fused_compiles(rt)
         rt.flush("sync")
         return results, dict(rt.metrics.counts)
-    finally:
-        caught.__exit__(None, None, None)
-        torch.use_deterministic_algorithms(deterministic)
-        rt.close()
-        runtime._runtime = saved
 
 
 def to_cpu(value: Any) -> Any:
@@ -74,8 +86,10 @@ def same_bits(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return False
-        if a.dtype != b.dtype or a.shape != b.shape:
+        if a.dtype != b.dtype or a.shape != b.shape or a.layout != b.layout:
             return False
+        if a.layout != torch.strided:  # (sparse: the same values where they are)
+            return torch.equal(_bits(a.to_dense()), _bits(b.to_dense()))
         return torch.equal(_bits(a), _bits(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b, strict=True))
