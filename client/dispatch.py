@@ -455,6 +455,15 @@ def _empty(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return t
 
 
+def _zero_tensor(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """_efficientzerotensor (forward-mode AD's zero tangents): a ZeroTensor is a tensor
+    without memory that only C++ backends can make; here it is zeros in device memory, which
+    every op reads as the zeros it stands for."""
+    check_device_index(kwargs.get("device"))
+    t = empty_device_tensor(list(args[0]), None, kwargs.get("dtype"))
+    return t.zero_()
+
+
 def _whole_storage(t: Tensor, numel: int) -> Tensor:
     """The tensor's whole storage (numel elements) as a 1-D CPU view."""
     flat = torch.ops.aten.as_strided.default.redispatch(META, t, (numel,), (1,), 0)
@@ -541,6 +550,7 @@ _SPECIAL: dict[str, Callable[[OpSpec, tuple[Any, ...], dict[str, Any]], Any]] = 
     "aten::set_.source_Storage": _metadata,
     "aten::set_.source_Tensor": _metadata,
     "aten::record_stream.default": _no_op,
+    "aten::_efficientzerotensor.default": _zero_tensor,
     "aten::_nested_tensor_from_mask_left_aligned.default": _no_nested_fast_path,
     "aten::_nested_tensor_from_mask.default": _nested,
     "aten::_nested_tensor_from_tensor_list.default": _nested,
