@@ -1,4 +1,5 @@
-"""Parameters and buffers shared between modules stay shared through Module._apply.
+"""Parameters and buffers shared between modules stay shared through Module._apply, and lazy
+modules' uninitialized parameters stay uninitialized.
 
 `Module._apply` (behind .to(), .cuda(), .half()...) swaps a converted parameter's data in
 place only when PyTorch deems the old and new tensors shallow-copy compatible, which it
@@ -8,6 +9,11 @@ two independent copies and training silently diverges. On CUDA the ties survive 
 the data is swapped in place; here the slots that held one object before the conversion
 are given one object after it (the first converted copy). No PyTorch flag changes: a
 conversion that already kept the ties is left exactly as it was.
+
+The same swap keeps a lazy module's UninitializedParameter (and UninitializedBuffer) what it
+is on CUDA: converted, still uninitialized, materialised with its real shape on the first
+forward. A new plain Parameter around the converted empty tensor would instead look
+initialized with 0 elements, and the first forward would fail on its shape.
 """
 
 from __future__ import annotations
@@ -43,6 +49,26 @@ def _retie(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
             table[name] = kept
 
 
+def _keep_uninitialized(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
+    """A lazy module's uninitialized tensors, converted, are uninitialized ones again."""
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    for table, name, before in slots:
+        now = table.get(name)
+        if (
+            now is None
+            or now is before
+            or not isinstance(before, UninitializedBuffer | UninitializedParameter)
+        ):
+            continue
+        if isinstance(now, UninitializedBuffer | UninitializedParameter):
+            continue
+        kind = type(before)
+        table[name] = kind(  # type: ignore[call-arg]  # (stubs omit the factory kwargs)
+            requires_grad=before.requires_grad, device=now.device, dtype=now.dtype
+        )
+
+
 def _same_kind(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a.device == b.device and a.dtype == b.dtype
 
@@ -59,6 +85,7 @@ def keep_ties(real_apply: Callable[..., Any]) -> Callable[..., Any]:
             result = real_apply(self, fn, recurse)
         finally:
             _state.inside = False
+        _keep_uninitialized(slots)
         _retie(slots)
         return result
 

@@ -1,10 +1,12 @@
 """Modules on the device behave as on CUDA: tied parameters stay tied through every
-conversion and checkpoint path."""
+conversion and checkpoint path; lazy modules moved before their first forward materialise
+on the device."""
 
 from __future__ import annotations
 
 import copy
 import io
+from typing import Any
 
 import pytest
 import torch
@@ -93,3 +95,62 @@ def test_transformer_encoder_in_eval_with_a_padding_mask_declines_nested_tensors
     torch.testing.assert_close(got[~pad], expected[~pad], rtol=1e-5, atol=1e-5)
     with pytest.raises(NotImplementedError, match="nested tensors are not supported"):
         torch._nested_tensor_from_mask(x.to("neuron"), (~pad).to("neuron"))
+
+
+def _lazy_module_infos() -> list[Any]:
+    from torch.testing._internal.common_modules import module_db
+
+    return [m for m in module_db if issubclass(m.module_cls, torch.nn.modules.lazy.LazyModuleMixin)]
+
+
+def _train_once(info: Any, sample: Any, device: str) -> list[torch.Tensor]:
+    """The lazy module moved to `device` before its first forward, then one forward and
+    backward on the sample: its output, its (materialised) parameters and their gradients."""
+    torch.manual_seed(0)
+    module = info.module_cls(*sample.constructor_input.args, **sample.constructor_input.kwargs)
+    module = module.to(device)
+    assert module.has_uninitialized_params(), "the move initialised the parameters"
+    args = [a.detach().to(device) for a in sample.forward_input.args]
+    torch.manual_seed(1)  # (the parameters are drawn now, on their device's generator)
+    out = module(*args, **sample.forward_input.kwargs)
+    out.square().sum().backward()
+    params = list(module.parameters())
+    got = [out, *params, *(p.grad for p in params)]
+    if device != "cpu":
+        torch.neuron.synchronize()
+    return [t.detach().cpu() for t in got]
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+@pytest.mark.parametrize("info", _lazy_module_infos(), ids=lambda m: m.module_cls.__name__)
+def test_lazy_modules_materialise_on_the_device(info: Any, mode: str) -> None:
+    """Every lazy module PyTorch ships (its ModuleInfo samples), moved to neuron before its
+    first forward: the parameters stay uninitialized until then, take their real shapes on the
+    device, and the forward, parameters and gradients equal the CPU's."""
+    samples = info.module_inputs_func(
+        info, device="cpu", dtype=torch.float32, requires_grad=False, training=True
+    )
+    torch.neuron.set_eager_mode(mode)
+    try:
+        for sample in samples:
+            expected = _train_once(info, sample, "cpu")
+            got = _train_once(info, sample, "neuron")
+            assert len(got) == len(expected)
+            for g, e in zip(got, expected, strict=True):
+                torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.neuron.set_eager_mode("eager")
+
+
+def test_lazy_module_under_compile() -> None:
+    """A lazy module moved to neuron materialises on its first compiled call too."""
+    x = torch.randn(2, 3, 8)
+    torch.manual_seed(0)
+    cpu = torch.nn.LazyConv1d(4, 3)
+    expected = cpu(x)
+    torch.manual_seed(0)
+    module = torch.nn.LazyConv1d(4, 3).to("neuron")
+    torch._dynamo.reset()
+    got = torch.compile(module, backend="neuron")(x.to("neuron"))
+    torch.testing.assert_close(got.cpu(), expected)
+    assert module.weight.shape == (4, 3, 3) and module.weight.device.type == "neuron"
