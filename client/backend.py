@@ -144,6 +144,9 @@ def register() -> None:
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
     _state["fallback"] = lib
+    from trnsim.client import sparse
+
+    _state["sparse"] = sparse.register()  # sparse COO and compressed tensors
     _state["early"] = _register_early_kernels()
     # Like copy_, _copy_from takes conjugate/negative views as they are (the host alias
     # keeps the bit); materialising them first would call _copy_from again, forever.

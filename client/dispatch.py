@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from trnsim.client import kernels, layouts, memory, runtime, shapes
+from trnsim.client import kernels, layouts, memory, runtime, shapes, sparse
 from trnsim.client.errors import check_device_index, execution_error, user_frame, user_location
 from trnsim.client.memory import to_device
 from trnsim.client.ops import (
@@ -125,6 +125,8 @@ def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         rt.signatures[key] = entry
     else:
         counts["cache_hits"] += 1
+    if entry.sparse_out:
+        return sparse.launch(spec.op, args, kwargs)
     recorder = rt.recorder
     if recorder is not None:
         result = recorder.offer(spec, entry, tensors, scalars)
@@ -253,6 +255,14 @@ def _meta_outputs(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return out, False
 
 
+def _makes_sparse(spec: OpSpec, meta_out: Any) -> bool:
+    """Whether the op makes sparse tensors from strided ones (to_sparse): by its Meta
+    kernel's outputs, or by its name where their number of nonzeros needs the data."""
+    if meta_out is None:
+        return "sparse" in spec.name
+    return any(isinstance(m, Tensor) and m.layout != torch.strided for m in meta_out)
+
+
 def _build(
     rt: runtime.Runtime,
     spec: OpSpec,
@@ -262,6 +272,8 @@ def _build(
 ) -> Entry:
     _check_devices(spec, tensors)
     meta_out, dynamic = _meta_outputs(spec, args, kwargs)
+    if _makes_sparse(spec, meta_out):
+        return Entry(None, [], False, [], sparse_out=True)
     inputs: list[TensorType] = []
     counter = [0]
     named: list[tuple[str, ArgValue]] = []

@@ -181,6 +181,9 @@ class Entry:
     # Fusible but for drawing from the CPU's generator when it runs (dropout): a compiled
     # region whose draws all run in its own order records it (client/compiled.py).
     cpu_draw: bool = False
+    # It makes sparse tensors from strided ones (to_sparse): it runs as a sparse op
+    # (client/sparse.py), never as an executable.
+    sparse_out: bool = False
 
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)

@@ -47,6 +47,22 @@ class Profiler:
         where = [f"{path}:{line}" if line else "" for path, line, _ in sources]
         self._add(trace.launch_events(exe, start_ns, overhead_ns, stream, self.core, name, where))
 
+    def engines(
+        self,
+        name: str,
+        start_ns: int,
+        overhead_ns: int,
+        engine_ns: dict[str, int],
+        stream: int,
+        source: str,
+    ) -> None:
+        """A launch priced by engine without an executable (a sparse op)."""
+        self._add(
+            trace.engine_launch_events(
+                name, start_ns, overhead_ns, engine_ns, stream, self.core, source
+            )
+        )
+
     def collective(
         self, kind: str, start_ns: int, duration_ns: int, nbytes: int, source: str
     ) -> None:

@@ -168,6 +168,52 @@ def dma(
     return Cost("dma", math.ceil(ns), ns, first, tiles)
 
 
+@dataclass(frozen=True)
+class SparseCost:
+    """One sparse op: its time, and each engine's busy time in it."""
+
+    ns: float
+    engine_ns: dict[str, int]
+
+
+# An indirect DMA moves one descriptor per gathered or scattered row [E]: the DMA engines
+# process a descriptor in about this many ns beyond its bytes.
+SPARSE_DESCRIPTOR_NS = 2.0
+
+
+def sparse_op(
+    target: Target,
+    nnz: int,
+    row_elements: int,
+    itemsize: int,
+    dense_bytes: int,
+    sort: bool = False,
+) -> SparseCost:
+    """A sparse op over `nnz` nonzeros of `row_elements` elements each (1 for a plain COO or
+    CSR tensor, the dense part or block otherwise), reading and writing `dense_bytes` of
+    strided tensors.
+
+    The nonzeros are gathered or scattered by indirect DMA: one descriptor per nonzero row,
+    whose contiguous run is the row (short rows reach a small share of the bandwidth, by the
+    DMA efficiency knee); their indices are computed on GpSimd (one element per nonzero,
+    ~150 + N cycles per instruction), and the values combined on the Vector engine (2
+    cycles per element). `sort`: the op coalesces, a sort of the nonzeros by index on GpSimd
+    (N log2 N). Strided operands move by plain DMA. The engines overlap; the op takes the
+    longest of them."""
+    row_bytes = max(1, row_elements * itemsize)
+    gathered = dma(target, nnz * row_bytes, contiguous_bytes=row_bytes)
+    descriptors = nnz * SPARSE_DESCRIPTOR_NS / target.dma_engines
+    plain = dma(target, dense_bytes)
+    index_elements = nnz * (max(1, math.ceil(math.log2(nnz))) if sort and nnz > 1 else 1)
+    index_work = gpsimd(target, index_elements) if nnz else Cost.zero("gpsimd")
+    values = tensor_tensor(target, nnz * row_elements, low_precision=False)
+    dma_ns = gathered.ns + descriptors + plain.ns
+    engine_ns = {"dma": math.ceil(dma_ns), "gpsimd": math.ceil(index_work.ns)}
+    if nnz:
+        engine_ns["vector"] = math.ceil(values.ns)
+    return SparseCost(max(engine_ns.values()), engine_ns)
+
+
 def host_transfer_ns(target: Target, nbytes: int) -> float:
     """Host <-> device copy over the host link (one transfer's fixed cost included)."""
     return target.dma_fixed_ns + nbytes / target.host_link_gbps

@@ -93,6 +93,47 @@ def launch_events(
     return events
 
 
+def engine_launch_events(
+    name: str,
+    start_ns: int,
+    overhead_ns: int,
+    engine_ns: dict[str, int],
+    stream: int,
+    pid: int,
+    source: str,
+) -> list[dict[str, Any]]:
+    """The trace events of a launch priced by engine (a sparse op: no executable, its
+    engines working at once after the launch overhead)."""
+    duration = max(engine_ns.values(), default=0)
+    events: list[dict[str, Any]] = [
+        {
+            "name": name,
+            "cat": LAUNCH,
+            "ph": "X",
+            "ts": _us(start_ns),
+            "dur": _us(overhead_ns + duration),
+            "pid": pid,
+            "tid": f"stream {stream}",
+            "args": {"ops": 1, "modelled_ns": duration, "source": source},
+        }
+    ]
+    for engine, ns in engine_ns.items():
+        if ns:
+            events.append(
+                {
+                    "name": name,
+                    "cat": INSTRUCTION,
+                    "ph": "X",
+                    "ts": _us(start_ns + overhead_ns),
+                    "dur": _us(ns),
+                    "pid": pid,
+                    "tid": engine,
+                    "args": {"source": source, "launch": name, "flops": 0, "bytes": 0},
+                }
+            )
+    return events
+
+
 def collective_event(
     kind: str, start_ns: int, duration_ns: int, nbytes: int, pid: int, source: str
 ) -> dict[str, Any]:

@@ -147,3 +147,21 @@ def test_across_hosts_the_all_reduce_is_hierarchical_over_efa():
         cost.ns > cost_model.collective_cost(TRN2, "all_reduce", size, cost_model.Topology(64)).ns
     )
     assert cost_model.Topology.of(["a", "a", "b"]) == cost_model.Topology(3, 2, 2)
+
+
+def test_sparse_ops_grow_with_the_nonzeros_and_short_rows_waste_bandwidth():
+    """Indirect DMA over the nonzeros: time grows with nnz; per byte moved, 1-element rows
+    (plain COO) cost more than 64-element rows (embedding rows), by the DMA efficiency knee;
+    a coalesce adds a sort on GpSimd."""
+    small = cost_model.sparse_op(TRN2, nnz=1_000, row_elements=1, itemsize=4, dense_bytes=0)
+    large = cost_model.sparse_op(TRN2, nnz=100_000, row_elements=1, itemsize=4, dense_bytes=0)
+    assert large.ns > 10 * small.ns
+    rows = cost_model.sparse_op(TRN2, nnz=100_000, row_elements=64, itemsize=4, dense_bytes=0)
+    assert rows.ns / (64 * 100_000) < large.ns / 100_000
+    sorted_ = cost_model.sparse_op(
+        TRN2, nnz=100_000, row_elements=1, itemsize=4, dense_bytes=0, sort=True
+    )
+    assert sorted_.engine_ns["gpsimd"] > large.engine_ns["gpsimd"]
+    assert sorted_.ns == max(sorted_.engine_ns.values())
+    empty = cost_model.sparse_op(TRN2, nnz=0, row_elements=1, itemsize=4, dense_bytes=0)
+    assert empty.ns == 0

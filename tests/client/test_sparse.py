@@ -1,0 +1,169 @@
+"""Sparse tensors on neuron (client/sparse.py): COO and CSR, made, moved, computed on, and
+trained with (sparse embedding gradients, SparseAdam, torch.sparse.mm), against the CPU, in
+every mode; unsupported ops raise an error that names them; time and memory are accounted."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.client.conftest import EXAMPLES
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled"),
+    pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta"),
+]
+
+
+def _coo() -> torch.Tensor:
+    indices = torch.tensor([[0, 1, 1, 2, 0], [2, 0, 2, 1, 2]])  # (0, 2) twice: uncoalesced
+    return torch.sparse_coo_tensor(indices, torch.tensor([3.0, 4.0, 5.0, -1.0, 2.0]), (3, 3))
+
+
+def _dense(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return x.to_dense() if x.layout != torch.strided else x
+    return x
+
+
+OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    "to_dense": lambda s, d: s.to_dense(),
+    "coalesce": lambda s, d: s.coalesce(),
+    "scalar_mul": lambda s, d: s * 2.5,
+    "add": lambda s, d: s + s,
+    "sparse_mm": lambda s, d: torch.sparse.mm(s, d),
+    "addmm": lambda s, d: torch.addmm(d, s, d, beta=0.5, alpha=2.0),
+    "index_select": lambda s, d: s.index_select(1, torch.tensor([2, 0], device=d.device)),
+    "sum": lambda s, d: torch.sparse.sum(s),
+    "sum_dim": lambda s, d: torch.sparse.sum(s, dim=1),
+    "transpose": lambda s, d: s.t(),
+    "to_sparse": lambda s, d: d.to_sparse(),
+    "to_sparse_csr": lambda s, d: d.to_sparse_csr(),
+    "csr_mm": lambda s, d: d.to_sparse_csr() @ d,
+    "sparse_mask": lambda s, d: d.sparse_mask(s.coalesce()),
+    "dense_add_sparse": lambda s, d: d + s,
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+@pytest.mark.parametrize("name", list(OPS))
+def test_sparse_ops_equal_the_cpu(name: str, mode: str) -> None:
+    d = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
+    coo = _coo()
+    expected = OPS[name](coo, d)
+    torch.neuron.set_eager_mode(mode)
+    try:
+        got = OPS[name](coo.to("neuron"), d.to("neuron"))
+        assert isinstance(got, torch.Tensor) and got.device.type == "neuron"
+        assert got.layout == expected.layout
+        torch.testing.assert_close(_dense(got), _dense(expected), rtol=0, atol=0)
+    finally:
+        torch.neuron.set_eager_mode("eager")
+
+
+def test_a_sparse_tensor_is_made_of_device_tensors_and_moves_both_ways() -> None:
+    s = _coo().to("neuron")
+    assert (s.device.type, s.layout, s.is_sparse) == ("neuron", torch.sparse_coo, True)
+    assert s._indices().device.type == "neuron" and s._values().device.type == "neuron"
+    assert s._nnz() == 5 and not s.is_coalesced()
+    back = s.cpu()
+    assert back.device.type == "cpu" and back.layout == torch.sparse_coo
+    torch.testing.assert_close(back.to_dense(), _coo().to_dense())
+    made = torch.sparse_coo_tensor(
+        torch.tensor([[0], [1]], device="neuron"), torch.ones(1, device="neuron"), (2, 2)
+    )
+    assert made.device.type == "neuron" and made.to_dense().cpu()[0, 1] == 1
+    assert "sparse_coo" in repr(s)  # (printing reads its parts from the device)
+
+
+def test_sparse_ops_are_launches_with_modelled_time_and_hbm() -> None:
+    rt_before = torch.neuron.metrics()
+    allocated = torch.neuron.memory_allocated()
+    s = _coo().to("neuron")
+    dense = torch.randn(3, 64, device="neuron")
+    out = torch.sparse.mm(s, dense)
+    torch.neuron.synchronize()
+    after = torch.neuron.metrics()
+    assert after["sparse_ops"] - rt_before["sparse_ops"] >= 1
+    assert after["device_busy_ns"] > rt_before["device_busy_ns"]
+    assert torch.neuron.memory_allocated() > allocated
+    del out
+
+
+def test_an_op_the_cpu_has_no_sparse_kernel_for_names_it() -> None:
+    s = _coo().to("neuron")
+    with pytest.raises(NotImplementedError, match=r"aten::cumsum .*sparse_coo.*to_dense"):
+        torch.cumsum(s, 0)
+    assert s.to_dense().sum().item() == pytest.approx(13.0)  # (the process goes on)
+
+
+def _sparse_models() -> Any:
+    sys.path.insert(0, str(EXAMPLES))
+    import sparse_models
+
+    return sparse_models
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive", "compiled"])
+def test_a_dlrm_with_sparse_embeddings_and_sparse_adam_trains_as_on_the_cpu(mode: str) -> None:
+    """Embedding(sparse=True), EmbeddingBag(sparse=True) and SparseAdam, 5 steps."""
+    models = _sparse_models()
+    torch.manual_seed(0)
+    model, data = models.DLRM(), models.dlrm_data()
+    expected, cpu = models.train_dlrm(model, data, "cpu", "cpu", 5)
+    torch._dynamo.reset()
+    try:
+        got, neuron = models.train_dlrm(model, data, "neuron", mode, 5)
+    finally:
+        torch.neuron.set_eager_mode("eager")
+    assert got == expected
+    assert models.worst_difference(neuron, cpu) == 0.0
+    assert neuron.embeddings[0].weight.device.type == "neuron"
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive", "compiled"])
+def test_a_graph_convolutional_network_with_sparse_mm_trains_as_on_the_cpu(mode: str) -> None:
+    models = _sparse_models()
+    torch.manual_seed(0)
+    model, data = models.GCN(12, 16, 4), models.graph_data()
+    expected, cpu = models.train_gcn(model, data, "cpu", "cpu", 5)
+    torch._dynamo.reset()
+    try:
+        got, neuron = models.train_gcn(model, data, "neuron", mode, 5)
+    finally:
+        torch.neuron.set_eager_mode("eager")
+    assert got == expected
+    assert models.worst_difference(neuron, cpu) == 0.0
+
+
+def test_sparse_sgd_on_a_sparse_gradient() -> None:
+    torch.manual_seed(0)
+    cpu = torch.nn.Embedding(20, 4, sparse=True)
+    dev = torch.nn.Embedding(20, 4, sparse=True)
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to("neuron")
+    ids = torch.tensor([1, 3, 3, 7])
+    for m, device in ((cpu, "cpu"), (dev, "neuron")):
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        for _ in range(3):
+            opt.zero_grad()
+            m(ids.to(device)).square().sum().backward()
+            assert m.weight.grad.is_sparse
+            opt.step()
+    torch.testing.assert_close(dev.weight.detach().cpu(), cpu.weight.detach(), rtol=0, atol=0)
+
+
+def test_sparse_ops_are_in_the_profile_with_the_users_line() -> None:
+    s, dense = _coo().to("neuron"), torch.randn(3, 8, device="neuron")
+    with torch.neuron.profile() as prof:
+        torch.sparse.mm(s, dense)
+        torch.neuron.synchronize()
+    sparse = [e for e in prof.events if e["cat"] == "launch" and "mm" in e["name"]]
+    assert sparse, [e["name"] for e in prof.events]
+    assert __file__.rsplit("/", 1)[-1] in sparse[0]["args"]["source"]
+    assert "dma" in prof.summary()
