@@ -10,6 +10,16 @@ NOT_COMPARABLE run but are compared on shape and dtype only, with the reason pri
 once its graph's compile is in) and must give eager mode's result bit for bit.
 --mode compiled: the first COMPILED_SAMPLES samples of each op also run wrapped in a function
 compiled with torch.compile(backend="neuron"), three calls each, against the CPU.
+
+--forward-ad: instead, every op that supports forward-mode AD (OpInfo supports_forward_ad):
+each float32 sample with dual inputs (random tangents, the same on both devices), its outputs
+and their tangents on neuron against the CPU's; in the current eager mode (--mode eager or
+adaptive; adaptive also against eager, bit for bit).
+--gradgrad: instead, every op that supports double backward (supports_gradgrad): each sample's
+gradient, taken with create_graph, differentiated again; both on neuron against the CPU's.
+--sparse: instead, every op with sparse samples (supports_sparse, _csr, _csc, _bsr, _bsc):
+each float32 sample of each sparse layout on neuron against the CPU (results compared as
+dense tensors, and on their layout); in adaptive mode too, against eager, bit for bit.
 """
 
 from __future__ import annotations
@@ -74,9 +84,6 @@ REPEATS = 4  # adaptive: first sight runs on its own, second op by op, then fuse
 
 # Ops known to fail, and why; they still run (and are reported) every time.
 EXPLAINED = {
-    "sparse.sampled_addmm": "sparse layouts are not supported on neuron (strided tensors only)",
-    "sparse.mm.reduce": "sparse layouts are not supported on neuron (strided tensors only)",
-    "to_sparse": "sparse layouts are not supported on neuron (strided tensors only)",
     "as_strided.partial_views": (
         "moving a view to a device copies only its elements, so as_strided over the rest of "
         "the CPU storage has nothing to read (the same on CUDA)"
@@ -87,6 +94,10 @@ EXPLAINED = {
     ),
     "tensor_split": "the split indices must be a CPU tensor (as on CUDA); the sample moves them",
     "histogramdd": "torch.histogramdd takes CPU bins only; the sample moves them",
+    "nn.functional.max_unpool2d": (
+        "forward-mode AD: its tangents scatter through duplicate indices in any order, so the "
+        "CPU does not repeat its own result (PyTorch's TestFwdGradients skips it for that)"
+    ),
 }
 
 
@@ -127,10 +138,13 @@ def _moved(sample: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
     return moved if any(touched) else None
 
 
-def _compare(expected: Any, actual: Any, values: bool) -> None:
-    if isinstance(expected, torch.Tensor):
+def _compare(expected: Any, actual: Any, values: bool, moved: bool = False) -> None:
+    """actual (on neuron; `moved`: already brought to the CPU) against expected."""
+    if expected is None:
+        assert actual is None, f"expected no tensor, got {type(actual).__name__}"
+    elif isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual).__name__}"
-        if actual.device.type != "neuron" and expected.device.type == "cpu":
+        if not moved and actual.device.type != "neuron" and expected.device.type == "cpu":
             raise AssertionError(f"result on {actual.device}, expected neuron")
         got = actual.detach().cpu()
         if not values:
@@ -143,7 +157,7 @@ def _compare(expected: Any, actual: Any, values: bool) -> None:
     elif isinstance(expected, (list, tuple)):
         assert isinstance(actual, (list, tuple)) and len(actual) == len(expected)
         for e, a in zip(expected, actual, strict=True):
-            _compare(e, a, values)
+            _compare(e, a, values, moved)
     elif isinstance(expected, float) and values:
         both_nan = math.isnan(expected) and math.isnan(actual)
         assert both_nan or abs(expected - actual) <= 1e-5 + 1.3e-6 * abs(expected)
@@ -218,7 +232,11 @@ def _compiled_as_cpu(op: Any, sample: Any, expected: Any, values: bool) -> int:
     return int(torch.neuron.metrics()["compiled_fallbacks"] - before)
 
 
-def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
+def run_op(op: Any, timeout: int, mode: str = "eager", check: str = "forward") -> Result:
+    """One op's float32 samples on neuron against the CPU: its forward (check "forward"),
+    its forward-mode derivatives ("forward_ad") or its double backward ("gradgrad")."""
+    if check != "forward":
+        return _run_derivatives(op, timeout, mode, check)
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     values = op.name not in NOT_COMPARABLE
     count = 0
@@ -269,21 +287,230 @@ def run_op(op: Any, timeout: int, mode: str = "eager") -> Result:
     return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name], fallbacks)
 
 
-def float32_ops(names: Iterable[str] | None = None) -> list[Any]:
+def float32_ops(names: Iterable[str] | None = None, check: str = "forward") -> list[Any]:
+    """The OpInfo entries with float32 samples (the named ones), and for a derivative check
+    those that support it."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     wanted = set(names) if names else None
     ops = [o for o in op_db if torch.float32 in o.supported_dtypes("cpu")]
+    if check == "forward_ad":
+        ops = [o for o in ops if o.supports_forward_ad]
+    elif check == "sparse":
+        ops = [o for o in ops if _sparse_layouts(o)]
+    elif check == "gradgrad":
+        ops = [o for o in ops if o.supports_gradgrad and o.supports_autograd]
     if wanted is not None:
         ops = [o for o in ops if o.name in wanted]
     return ops
 
 
-def _worker(names: list[str], start: int, timeout: int, mode: str) -> None:
+# -- derivatives: forward-mode AD and double backward ---------------------------------------------
+TANGENT_SEED = 1234
+
+
+def _differentiable(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.requires_grad
+
+
+def _on(device: str, x: Any) -> Any:
+    """A leaf of a sample on `device`, detached; differentiable ones require grad again."""
+    if isinstance(x, torch.Tensor):
+        moved = x.detach().to(device)
+        return moved.requires_grad_() if _differentiable(x) else moved
+    if device == "neuron" and (isinstance(x, torch.device) and x.type == "cpu" or x == "cpu"):
+        return torch.device("neuron")
+    return x
+
+
+def _random_like(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Random values of t's shape in t's layout (a tangent must match its primal's strides)."""
+    out = torch.empty_like(t.detach().cpu())
+    return out.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+
+
+def _forward_ad(op: Any, sample: Any, device: str) -> list[Any]:
+    """The op's outputs and their tangents, every differentiable input a dual tensor."""
+    import torch.autograd.forward_ad as fw
+
+    g = torch.Generator().manual_seed(TANGENT_SEED)
+    tree = tree_map(lambda x: _on(device, x), (sample.input, tuple(sample.args), sample.kwargs))
+    with fw.dual_level():
+
+        def dual(x: Any) -> Any:
+            if not _differentiable(x):
+                return x
+            return fw.make_dual(x.detach(), _random_like(x, g).to(device))
+
+        x, args, kwargs = tree_map(dual, tree)
+        torch.manual_seed(0)
+        flat, _ = tree_flatten(op(x, *args, **kwargs))
+        out: list[Any] = []
+        for o in flat:
+            if isinstance(o, torch.Tensor) and o.is_floating_point():
+                primal, tangent = fw.unpack_dual(o)
+                out += [primal.detach().cpu(), None if tangent is None else tangent.cpu()]
+            elif isinstance(o, torch.Tensor):
+                out.append(o.cpu())
+        return out
+
+
+def _gradgrad(op: Any, sample: Any, device: str) -> list[Any]:
+    """The op's gradient (random output gradients, create_graph) differentiated again against
+    random weights: the second derivatives reach every differentiable input."""
+    g = torch.Generator().manual_seed(TANGENT_SEED)
+    x, args, kwargs = tree_map(
+        lambda v: _on(device, v), (sample.input, tuple(sample.args), sample.kwargs)
+    )
+    inputs = [t for t in tree_flatten((x, args, kwargs))[0] if _differentiable(t)]
+    torch.manual_seed(0)
+    outs = [o for o in tree_flatten(op(x, *args, **kwargs))[0] if _differentiable(o)]
+    if not inputs or not outs:
+        return []
+    vs = [_random_like(o, g).to(device) for o in outs]
+    grads = torch.autograd.grad(outs, inputs, vs, create_graph=True, allow_unused=True)
+    alive = [(gr, _random_like(gr, g).to(device)) for gr in grads if _differentiable(gr)]
+    if not alive:
+        return [None if gr is None else gr.detach().cpu() for gr in grads]
+    total = sum((gr * w).sum() for gr, w in alive)
+    second = torch.autograd.grad(total, inputs, allow_unused=True)  # type: ignore[arg-type]
+    firsts = [None if gr is None else gr.detach().cpu() for gr in grads]
+    return firsts + [None if s is None else s.detach().cpu() for s in second]
+
+
+SPARSE_LAYOUTS = {
+    "supports_sparse": torch.sparse_coo,
+    "supports_sparse_csr": torch.sparse_csr,
+    "supports_sparse_csc": torch.sparse_csc,
+    "supports_sparse_bsr": torch.sparse_bsr,
+    "supports_sparse_bsc": torch.sparse_bsc,
+}
+
+
+def _sparse_layouts(op: Any) -> list[Any]:
+    return [layout for attr, layout in SPARSE_LAYOUTS.items() if getattr(op, attr, False)]
+
+
+def _sparse_samples(op: Any) -> Iterable[Any]:
+    """Every sparse sample of the op, layout by layout (a layout without samples: none)."""
+    import unittest
+
+    for layout in _sparse_layouts(op):
+        try:
+            yield from op.sample_inputs_sparse(layout, "cpu", torch.float32)
+        except (NotImplementedError, unittest.SkipTest):
+            # OpInfo has no sparse sample function for this op: its dense samples with the
+            # input made sparse, as PyTorch's own test_sparse_unary_ufuncs does.
+            yield from _made_sparse(op, layout)
+
+
+def _made_sparse(op: Any, layout: Any) -> Iterable[Any]:
+    blocks = {torch.sparse_bsr: (1, 1), torch.sparse_bsc: (1, 1)}
+    for sample in op.sample_inputs("cpu", torch.float32):
+        x = sample.input
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.numel():
+            continue
+        x = x.masked_fill(x.abs() < 0.5, 0)  # (some zeros, so that the tensor is sparse)
+        try:
+            sparse = x.to_sparse(layout=layout, blocksize=blocks.get(layout))
+        except (RuntimeError, TypeError, ValueError):
+            continue
+        yield type(sample)(sparse, args=sample.args, kwargs=sample.kwargs)
+
+
+def _dense(value: Any) -> Any:
+    """A result on the CPU with its sparse tensors as (layout, dense values)."""
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        x = x.detach().cpu()
+        return (str(x.layout), x.to_dense()) if x.layout != torch.strided else x
+
+    return tree_map(one, value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    from tests.client.differential import same_bits
+
+    return same_bits(a, b)
+
+
+def _sparse_result(op: Any, sample: Any, device: str) -> Any:
+    x, args, kwargs = tree_map(
+        lambda v: _on(device, v), (sample.input, tuple(sample.args), sample.kwargs)
+    )
+    torch.manual_seed(0)
+    return _dense(op(x, *args, **kwargs))
+
+
+def _run_derivatives(op: Any, timeout: int, mode: str, check: str) -> Result:
+    """Every float32 sample's derivatives (check "forward_ad" or "gradgrad"), or every sparse
+    sample's result ("sparse"), on neuron against the CPU's; in adaptive mode also against
+    eager mode's, bit for bit."""
+    from trnsim.client import runtime
+
+    from tests.client.differential import same_bits, wait_for_fused_compiles
+
+    name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    values = op.name not in NOT_COMPARABLE
+    derive = {"forward_ad": _forward_ad, "gradgrad": _gradgrad, "sparse": _sparse_result}[check]
+    samples = (
+        _sparse_samples(op)
+        if check == "sparse"
+        else op.sample_inputs("cpu", torch.float32, requires_grad=True)
+    )
+    count = 0
+
+    def alarm(*_: object) -> None:
+        raise _Timeout
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(timeout)
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    warnings.simplefilter("ignore")
+    try:
+        for sample in samples:
+            try:
+                expected = derive(op, sample, "cpu")
+            except Exception:  # noqa: BLE001, S112  (the CPU rejects this sample: not ours to test)
+                continue
+            # A sample the CPU does not repeat bit for bit (max_unpool's duplicate indices
+            # scatter in any order) is compared on shapes and dtypes only.
+            repeatable = values and _same(expected, derive(op, sample, "cpu"))
+            _compare(expected, derive(op, sample, "neuron"), repeatable, moved=True)
+            if mode == "adaptive":
+                eager = derive(op, sample, "neuron")
+                torch.neuron.set_eager_mode("adaptive")
+                try:
+                    for k in range(REPEATS):
+                        got = derive(op, sample, "neuron")
+                        wait_for_fused_compiles(runtime.get())
+                        if values and not same_bits(eager, got):
+                            raise AdaptiveModeError(f"repetition {k}: adaptive differs from eager")
+                finally:
+                    torch.neuron.set_eager_mode("eager")
+            count += 1
+    except _Timeout:
+        return Result(name, False, count, f"over the {timeout} s limit")
+    except Exception as e:  # noqa: BLE001  (reported per op)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return Result(name, False, count, f"{type(e).__name__}: {first[:200]}")
+    finally:
+        caught.__exit__(None, None, None)
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    if count == 0:
+        return Result(name, True, 0, "no samples")
+    return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name])
+
+
+def _worker(names: list[str], start: int, timeout: int, mode: str, check: str) -> None:
     """Runs ops from index `start`, one JSON line per op; the parent survives our crashes."""
     import json
 
-    ops = float32_ops(names or None)
+    ops = float32_ops(names or None, check)
     for op in ops[start:]:
         print(
             json.dumps(
@@ -291,16 +518,18 @@ def _worker(names: list[str], start: int, timeout: int, mode: str) -> None:
             ),
             flush=True,
         )
-        r = run_op(op, timeout, mode)
+        r = run_op(op, timeout, mode, check)
         print(json.dumps(r.__dict__), flush=True)
 
 
-def run_all(names: list[str], timeout: int, progress: bool, mode: str = "eager") -> list[Result]:
+def run_all(
+    names: list[str], timeout: int, progress: bool, mode: str = "eager", check: str = "forward"
+) -> list[Result]:
     """All ops in worker processes: an op that crashes the process fails alone."""
     import json
     import subprocess
 
-    total = len(float32_ops(names or None))
+    total = len(float32_ops(names or None, check))
     results: list[Result] = []
     while len(results) < total:
         cmd = [
@@ -315,6 +544,8 @@ def run_all(names: list[str], timeout: int, progress: bool, mode: str = "eager")
             ",".join(names),
             "--mode",
             mode,
+            "--check",
+            check,
         ]
         with subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -350,23 +581,52 @@ def main(argv: list[str] | None = None) -> int:
         help="adaptive: also check every sample in adaptive mode against eager, bit for bit; "
         "compiled: also run the first samples of each op under torch.compile(backend='neuron')",
     )
+    checks = parser.add_mutually_exclusive_group()
+    checks.add_argument(
+        "--forward-ad",
+        dest="check",
+        action="store_const",
+        const="forward_ad",
+        help="check forward-mode derivatives (dual tensors) of every op that supports them",
+    )
+    checks.add_argument(
+        "--sparse",
+        dest="check",
+        action="store_const",
+        const="sparse",
+        help="check every op's sparse samples (COO, CSR, CSC, BSR, BSC)",
+    )
+    checks.add_argument(
+        "--gradgrad",
+        dest="check",
+        action="store_const",
+        const="gradgrad",
+        help="check double backward of every op that supports it",
+    )
+    parser.add_argument("--check", dest="check", help=argparse.SUPPRESS)
+    parser.set_defaults(check="forward")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # OpInfo samples trigger many deprecation warnings
     names = [n for n in args.ops.split(",") if n]
     if args.worker:
-        _worker(names, args.start, args.timeout, args.mode)
+        _worker(names, args.start, args.timeout, args.mode, args.check)
         return 0
+    if args.check != "forward" and args.mode == "compiled":
+        parser.error("--forward-ad, --gradgrad and --sparse run in eager or adaptive mode")
     start = time.time()
-    results = run_all(names, args.timeout, args.progress, args.mode)
+    results = run_all(names, args.timeout, args.progress, args.mode, args.check)
     failed = [r for r in results if not r.passed]
     for r in failed:
         why = EXPLAINED.get(r.name)
         print(f"FAIL {r.name}: {r.reason}" + (f"  [known: {why}]" if why else ""))
     for r in results:
-        if r.passed and r.reason:
+        if r.passed and r.reason == "no samples":
+            print(f"no samples {r.name}: OpInfo gives it none of this kind (not counted)")
+        elif r.passed and r.reason:
             print(f"shape/dtype only {r.name}: {r.reason}")
+    results = [r for r in results if r.reason != "no samples" or not r.passed]
     passed = len(results) - len(failed)
     if args.mode == "compiled":
         eager = [r.name for r in results if r.eager_fallbacks]
@@ -374,8 +634,14 @@ def main(argv: list[str] | None = None) -> int:
             f"compiled mode: {len(eager)} of {len(results)} ops had a graph run in the eager "
             f"mode instead of compiled" + (f": {', '.join(eager)}" if eager else "")
         )
+    what = {
+        "forward": "",
+        "forward_ad": ", forward-mode AD",
+        "gradgrad": ", double backward",
+        "sparse": ", sparse samples",
+    }
     print(
-        f"{len(results)} ops with float32 samples ({args.mode} mode), "
+        f"{len(results)} ops with float32 samples ({args.mode} mode{what[args.check]}), "
         f"{time.time() - start:.0f} s; "
         f"{100 * passed / max(1, len(results)):.1f} % pass fully"
     )

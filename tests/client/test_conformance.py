@@ -151,3 +151,51 @@ def test_the_whole_database_passes_at_least_90_percent_and_adaptive_as_eager():
     failed = [f"{r.name}: {r.reason}" for r in results if not r.passed]
     assert len(results) - len(failed) >= 0.9 * len(results), failed
     assert not [f for f in failed if "AdaptiveModeError" in f], failed
+
+
+# Forward-mode AD, double backward and sparse samples: the whole database with
+# `python tests/conformance.py --forward-ad / --gradgrad / --sparse`; here one of each kind.
+DERIVATIVE_SUBSET = [
+    "sin",
+    "mul",
+    "matmul",
+    "nn.functional.layer_norm",
+    "nn.functional.conv2d",
+    "softmax",
+    "cumsum",
+    "index_put",
+    "nn.functional.embedding",
+    "nn.functional.cross_entropy",
+]
+SPARSE_SUBSET = ["sin", "mul", "sum", "sparse.mm", "sparse.sampled_addmm", "to_sparse", "abs"]
+
+
+@pytest.mark.parametrize("check", ["forward_ad", "gradgrad"])
+@pytest.mark.parametrize(
+    "op",
+    float32_ops(DERIVATIVE_SUBSET),
+    ids=lambda op: op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""),
+)
+def test_opinfo_derivatives_match_cpu(op, check):
+    """Forward-mode derivatives (dual tensors) and double backward on neuron against the
+    CPU's, and in adaptive mode against eager, bit for bit."""
+    if op not in float32_ops([op.name], check):
+        pytest.skip(f"OpInfo says {op.name} does not support {check}")
+    result = run_op(op, timeout=120, mode="adaptive", check=check)
+    assert result.passed, result.reason
+    assert result.samples > 0, "no sample ran on neuron"
+
+
+@pytest.mark.filterwarnings("ignore:Sparse")
+@pytest.mark.parametrize(
+    "op",
+    float32_ops(SPARSE_SUBSET),
+    ids=lambda op: op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""),
+)
+def test_opinfo_sparse_samples_match_cpu(op):
+    """Sparse samples (every layout the op supports) on neuron against the CPU; ops whose
+    ordinary samples hold sparse tensors (sparse.mm) run their ordinary samples."""
+    sparse = op in float32_ops([op.name], "sparse")
+    result = run_op(op, timeout=120, mode="adaptive", check="sparse" if sparse else "forward")
+    assert result.passed, result.reason
+    assert result.samples > 0, "no sample ran on neuron"
