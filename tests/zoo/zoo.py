@@ -145,10 +145,14 @@ def summary(results: list[dict[str, Any]], seconds: float) -> str:
     adaptive = sum(passed(r, "adaptive") for r in results)
     same = sum(bit_identical(r) for r in results)
     compiled = sum(passed(r, "compiled") for r in results)
+    against_aot = sum(
+        passed(r, "compiled") and r["compiled"].get("reference") == "aot_eager" for r in results
+    )
     return (
         f"{eager} passed, {n - eager} failed\n"
         f"adaptive: {adaptive} of {n} pass against CPU, {same} of {n} bit-identical to eager\n"
-        f"compiled: {compiled} of {n} pass against CPU\n"
+        f"compiled: {compiled} of {n} pass ({compiled - against_aot} against CPU eager, "
+        f"{against_aot} against aot_eager on the CPU)\n"
         f"zoo: {n} models in {seconds:.0f} s"
     )
 
