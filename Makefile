@@ -9,7 +9,7 @@ PACKAGES := protos simulator compiler scheduler daemon client
 
 setup: $(STAMP)
 
-# Strict editable mode makes mypy resolve the mapped trnsim.* packages (notes/PACKAGING.md);
+# Strict editable mode makes mypy resolve the mapped trnsim.* packages (setuptools' strict editable install);
 # it links files at install time, so the install re-runs when a package folder gains or
 # loses a file (the folder's mtime changes) or a .proto changes.
 $(STAMP): pyproject.toml protos/*.proto $(addsuffix /.,$(PACKAGES))

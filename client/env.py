@@ -1,5 +1,5 @@
-"""Every environment variable the client reads, with its default and meaning (DESIGN.md
-section 7), read here and nowhere else in client/. The daemon's own (NEURON_CACHE_DIR,
+"""Every environment variable the client reads, with its default and meaning (listed in the
+README), read here and nowhere else in client/. The daemon's own (NEURON_CACHE_DIR,
 XDG_RUNTIME_DIR, XDG_CACHE_HOME, TRNSIM_ALLOW_TCP, and systemd's CACHE_DIRECTORY and
 NOTIFY_SOCKET) are read in daemon/config.py: the daemon imports nothing of the client."""
 

@@ -4,7 +4,7 @@ formed, schedules the search evaluated). Clocks charge it (client/runtime.py: th
 host waits for a compile it needs; adaptive graphs become usable when theirs ends) and
 NEURON_SIM_COMPILE_SCALE burns it on a CPU (daemon workers, in-process compiles).
 
-Calibration [E], against what is published (notes/TRAINIUM.md "Compiler reference points":
+Calibration [E], against what is published (docs/chip.md, "Launches and the host":
 minutes for typical graphs, up to an hour for large models; -O1 compiles fast, -O3 slowest):
 - a fixed cost per compile (start-up, parsing, the graph passes, code generation and
   packaging of one NEFF): 50 ms, so that one per-op kernel (1 kernel, ~3 instructions)

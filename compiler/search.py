@@ -2,7 +2,7 @@
 others and keeps the one with the least modelled time (never worse than -O1's).
 
 The choices are those neuronx-cc's release notes name (fusion, layout selection, tiling;
-notes/TRAINIUM.md):
+docs/chip.md):
 - where fusion groups are cut: -O1 starts a kernel at every matmul; the other cut lets a
   matmul fed by the kernel before it join that kernel, so what comes before it (a norm, an
   activation, a residual add) reaches it through SBUF instead of a round trip through HBM;

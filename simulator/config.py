@@ -1,6 +1,6 @@
 """Trn1 and Trn2 as data: every figure the simulator and compiler price things with.
 
-Values are from shared/notes/TRAINIUM.md (read in the Neuron SDK docs); [E] marks an
+Values are from the Neuron SDK docs (docs/chip.md lists each with its source); [E] marks an
 estimate that AWS does not publish. One simulated core = one physical NeuronCore.
 """
 

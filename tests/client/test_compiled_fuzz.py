@@ -66,7 +66,7 @@ def test_random_programs_compile_as_pytorch_does(program: Program) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=600, **_SETTINGS)
+@settings(max_examples=300, **_SETTINGS)
 @given(programs)
 def test_many_random_programs_compile_as_pytorch_does(program: Program) -> None:
     check(program)

@@ -1,4 +1,4 @@
-"""The simulated timeline: DESIGN.md section 4 semantics, deterministic."""
+"""The simulated timeline: docs/architecture.md's two clocks, deterministic."""
 
 from __future__ import annotations
 
