@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,20 +237,11 @@ def run_op(op: Any, timeout: int, mode: str = "eager", check: str = "forward") -
     its forward-mode derivatives ("forward_ad") or its double backward ("gradgrad")."""
     if check != "forward":
         return _run_derivatives(op, timeout, mode, check)
-    name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    name = _name(op)
     values = op.name not in NOT_COMPARABLE
-    count = 0
-    fallbacks = 0
+    fallbacks = [0]
 
-    def alarm(*_: object) -> None:
-        raise _Timeout
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(timeout)
-    caught = warnings.catch_warnings()
-    caught.__enter__()
-    warnings.simplefilter("ignore")  # samples trigger deprecation and performance warnings
-    try:
+    def run(done: list[int]) -> None:
         for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
             try:
                 torch.manual_seed(0)
@@ -269,22 +260,51 @@ def run_op(op: Any, timeout: int, mode: str = "eager", check: str = "forward") -
                     _same_as_eager(op, sample)
                 except Exception as e:
                     raise AdaptiveModeError(f"adaptive mode: {type(e).__name__}: {e}") from e
-            if mode == "compiled" and count < COMPILED_SAMPLES:
+            if mode == "compiled" and done[0] < COMPILED_SAMPLES:
                 try:
-                    fallbacks += _compiled_as_cpu(op, sample, expected, values)
+                    fallbacks[0] += _compiled_as_cpu(op, sample, expected, values)
                 except Exception as e:
                     raise CompiledModeError(f"compiled mode: {type(e).__name__}: {e}") from e
-            count += 1
+            done[0] += 1
+
+    count, failure = _guarded(name, timeout, run)
+    if failure is not None:
+        return failure
+    return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name], fallbacks[0])
+
+
+def _name(op: Any) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def _guarded(
+    name: str, timeout: int, run: Callable[[list[int]], None]
+) -> tuple[int, Result | None]:
+    """run(done) under a deadline, warnings silenced (samples trigger deprecation and
+    performance warnings): the samples it finished (done[0]) and, if it failed or ran out of
+    time, the failing Result."""
+    done = [0]
+
+    def alarm(*_: object) -> None:
+        raise _Timeout
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(timeout)
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    warnings.simplefilter("ignore")
+    try:
+        run(done)
     except _Timeout:
-        return Result(name, False, count, f"over the {timeout} s limit")
+        return done[0], Result(name, False, done[0], f"over the {timeout} s limit")
     except Exception as e:  # noqa: BLE001  (reported per op)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return Result(name, False, count, f"{type(e).__name__}: {first[:200]}")
+        return done[0], Result(name, False, done[0], f"{type(e).__name__}: {first[:200]}")
     finally:
         caught.__exit__(None, None, None)
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name], fallbacks)
+    return done[0], None
 
 
 def float32_ops(names: Iterable[str] | None = None, check: str = "forward") -> list[Any]:
@@ -452,7 +472,7 @@ def _run_derivatives(op: Any, timeout: int, mode: str, check: str) -> Result:
 
     from tests.client.differential import same_bits, wait_for_fused_compiles
 
-    name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+    name = _name(op)
     values = op.name not in NOT_COMPARABLE
     derive = {"forward_ad": _forward_ad, "gradgrad": _gradgrad, "sparse": _sparse_result}[check]
     samples = (
@@ -460,17 +480,8 @@ def _run_derivatives(op: Any, timeout: int, mode: str, check: str) -> Result:
         if check == "sparse"
         else op.sample_inputs("cpu", torch.float32, requires_grad=True)
     )
-    count = 0
 
-    def alarm(*_: object) -> None:
-        raise _Timeout
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(timeout)
-    caught = warnings.catch_warnings()
-    caught.__enter__()
-    warnings.simplefilter("ignore")
-    try:
+    def run(done: list[int]) -> None:
         for sample in samples:
             try:
                 expected = derive(op, sample, "cpu")
@@ -491,16 +502,11 @@ def _run_derivatives(op: Any, timeout: int, mode: str, check: str) -> Result:
                             raise AdaptiveModeError(f"repetition {k}: adaptive differs from eager")
                 finally:
                     torch.neuron.set_eager_mode("eager")
-            count += 1
-    except _Timeout:
-        return Result(name, False, count, f"over the {timeout} s limit")
-    except Exception as e:  # noqa: BLE001  (reported per op)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return Result(name, False, count, f"{type(e).__name__}: {first[:200]}")
-    finally:
-        caught.__exit__(None, None, None)
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+            done[0] += 1
+
+    count, failure = _guarded(name, timeout, run)
+    if failure is not None:
+        return failure
     if count == 0:
         return Result(name, True, 0, "no samples")
     return Result(name, True, count, "" if values else NOT_COMPARABLE[op.name])

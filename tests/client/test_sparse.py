@@ -109,36 +109,32 @@ def _sparse_models() -> Any:
     return sparse_models
 
 
+# (model class, its constructor's arguments, its data, its training loop) in the example
+SPARSE_MODELS = {
+    "dlrm": ("DLRM", (), "dlrm_data", "train_dlrm"),  # sparse embeddings, SparseAdam
+    "gcn": ("GCN", (12, 16, 4), "graph_data", "train_gcn"),  # torch.sparse.mm
+}
+
+
 @pytest.mark.parametrize("mode", ["eager", "adaptive", "compiled"])
-def test_a_dlrm_with_sparse_embeddings_and_sparse_adam_trains_as_on_the_cpu(mode: str) -> None:
-    """Embedding(sparse=True), EmbeddingBag(sparse=True) and SparseAdam, 5 steps."""
+@pytest.mark.parametrize("name", list(SPARSE_MODELS))
+def test_sparse_models_train_as_on_the_cpu(name: str, mode: str) -> None:
+    """A DLRM (Embedding and EmbeddingBag with sparse=True, SparseAdam) and a two-layer GCN
+    (a sparse adjacency, torch.sparse.mm), 5 steps: the CPU's losses and parameters."""
     models = _sparse_models()
+    model_class, arguments, data, train = SPARSE_MODELS[name]
     torch.manual_seed(0)
-    model, data = models.DLRM(), models.dlrm_data()
-    expected, cpu = models.train_dlrm(model, data, "cpu", "cpu", 5)
+    model = getattr(models, model_class)(*arguments)
+    batch = getattr(models, data)()
+    expected, cpu = getattr(models, train)(model, batch, "cpu", "cpu", 5)
     torch._dynamo.reset()
     try:
-        got, neuron = models.train_dlrm(model, data, "neuron", mode, 5)
+        got, neuron = getattr(models, train)(model, batch, "neuron", mode, 5)
     finally:
         torch.neuron.set_eager_mode("eager")
     assert got == expected
     assert models.worst_difference(neuron, cpu) == 0.0
-    assert neuron.embeddings[0].weight.device.type == "neuron"
-
-
-@pytest.mark.parametrize("mode", ["eager", "adaptive", "compiled"])
-def test_a_graph_convolutional_network_with_sparse_mm_trains_as_on_the_cpu(mode: str) -> None:
-    models = _sparse_models()
-    torch.manual_seed(0)
-    model, data = models.GCN(12, 16, 4), models.graph_data()
-    expected, cpu = models.train_gcn(model, data, "cpu", "cpu", 5)
-    torch._dynamo.reset()
-    try:
-        got, neuron = models.train_gcn(model, data, "neuron", mode, 5)
-    finally:
-        torch.neuron.set_eager_mode("eager")
-    assert got == expected
-    assert models.worst_difference(neuron, cpu) == 0.0
+    assert all(p.device.type == "neuron" for p in neuron.parameters())
 
 
 def test_sparse_sgd_on_a_sparse_gradient() -> None:
