@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -128,6 +132,49 @@ def _restore(obj: Any, location: str) -> Any:
     return t.untyped_storage()
 
 
+def skip_in_dynamo() -> None:
+    """Dynamo must never trace trnsim's own Python: the device's kernels, which run from
+    C++ dispatch inside a compiled function's eager parts (an .item() at a graph break), and
+    the runtime a compiled function reaches through torch.neuron or an optimizer. Whatever
+    the backend (neuron, aot_eager, eager...): registered when torch._dynamo is imported."""
+    from torch._dynamo import trace_rules
+
+    for package in ("client", "simulator", "compiler", "scheduler", "protos", "daemon"):
+        trace_rules.add(f"trnsim.{package}")
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a function once a module has been imported (torch._dynamo: importing it at
+    `import torch` would cost a second)."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run_module = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run_module(module)
+            self.then()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def after_import(name: str, then: Callable[[], None]) -> None:
+    """then() once module `name` is imported (now, if it is)."""
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
 def register() -> None:
     """Called through the torch.backends entry point during `import torch`: stays cheap."""
     if "hooks" in _state:
@@ -155,6 +202,7 @@ def register() -> None:
         bits.impl("_copy_from", torch.library.fallthrough_kernel, key)
     _state["bits"] = bits
     torch.serialization.register_package(11, _tag, _restore)
+    after_import("torch._dynamo", skip_in_dynamo)
     from trnsim.client import (
         recorder,  # noqa: F401  (registers adaptive mode with the runtime)
         ties,

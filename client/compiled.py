@@ -49,19 +49,6 @@ _BUCKETS = buckets.parse(env.shape_buckets())
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
 
 
-def _skip_in_dynamo() -> None:
-    """Dynamo must not trace the backend's own Python (the runtime a compiled function reaches
-    through torch.neuron or an optimizer): its frames run as they are. This module is
-    imported when torch.compile looks the backend up, before anything is traced."""
-    from torch._dynamo import trace_rules
-
-    for package in ("client", "simulator", "compiler", "scheduler", "protos", "daemon"):
-        trace_rules.add(f"trnsim.{package}")
-
-
-_skip_in_dynamo()
-
-
 def _numpy_random_as_in_eager() -> None:
     """numpy.random calls in compiled code draw from numpy's own stream (dynamo's default
     traces them into torch's generator): a compiled step then draws what the eager one does

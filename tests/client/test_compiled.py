@@ -408,3 +408,33 @@ def test_transformers_models_run_dynamic_lengths_in_buckets_bit_identical(arch: 
     assert _delta(before, "compiled_bucket_runs") == 4
     assert _delta(before, "compiled_buckets_refused") == 0
     assert _delta(before, "compiled_fallbacks") == 0
+
+
+PYTORCH_BACKEND_SCRIPT = """
+import torch
+def f(x):
+    y = x * 2
+    if y.sum().item() > 0:  # a graph break: the .item() runs eagerly, in trnsim's kernels
+        return y - 1
+    return y + 1
+x = torch.arange(8.0, device="neuron")
+print(torch.compile(f, backend=BACKEND)(x).sum().item())
+"""
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_pytorchs_own_backends_never_trace_trnsim(backend: str) -> None:
+    """With any dynamo backend, the device's kernels that run at a graph break are skipped by
+    dynamo (before, it traced them and warned about torch._C._to_dlpack): a new process,
+    warnings as errors, and dynamo imported only by torch.compile."""
+    script = f"BACKEND = {backend!r}\n" + PYTORCH_BACKEND_SCRIPT
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "NEURON_COMPILE_DAEMON": "off"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) == sum(2 * i - 1 for i in range(8))
