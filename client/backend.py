@@ -143,6 +143,14 @@ def skip_in_dynamo() -> None:
         trace_rules.add(f"trnsim.{package}")
 
 
+def _fake_convolution_layouts() -> None:
+    """FakeTensor (dynamo, AOTAutograd, any backend) lays a neuron convolution's outputs out
+    as eager dispatch does: as the CPU's kernel would (client/layouts.py)."""
+    from trnsim.client import layouts
+
+    layouts.install_fake_rule()
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs a function once a module has been imported (torch._dynamo: importing it at
     `import torch` would cost a second)."""
@@ -203,6 +211,7 @@ def register() -> None:
     _state["bits"] = bits
     torch.serialization.register_package(11, _tag, _restore)
     after_import("torch._dynamo", skip_in_dynamo)
+    after_import("torch._subclasses.fake_impls", _fake_convolution_layouts)
     from trnsim.client import (
         recorder,  # noqa: F401  (registers adaptive mode with the runtime)
         ties,

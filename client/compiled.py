@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from trnsim.client import env, errors, layouts, runtime
+from trnsim.client import env, errors, runtime
 from trnsim.scheduler import buckets
 from trnsim.simulator import execute
 
@@ -59,7 +59,6 @@ def _numpy_random_as_in_eager() -> None:
 
 
 _numpy_random_as_in_eager()
-layouts.install_fake_rule()  # (convolutions' outputs in the CPU's layout, as in eager mode)
 
 
 def _region(

@@ -233,8 +233,13 @@ class _Aliases:
             fresh = _Aliases(self.rt)
             fresh.memory, fresh.cpu_inputs = self.memory, self.cpu_inputs
             source = fresh.to_neuron(_detached_sparse(alias))
-            key = SPARSE_CPU if t.layout == torch.sparse_coo else SPARSE_CSR_CPU
-            torch.ops.aten.copy_.default.redispatch(key, t, source)
+            # (the CPU's own copy kernels, which copy the parts on the device; copy_'s COO
+            # kernel would dispatch copy_sparse_to_sparse_ back to this module)
+            if t.layout == torch.sparse_coo:
+                torch.ops.aten.copy_sparse_to_sparse_.default.redispatch(SPARSE_CPU, t, source)
+            else:  # (compressed copy_ wants the same nnz: the parts are resized first)
+                torch.ops.aten.resize_as_sparse_.default.redispatch(SPARSE_CSR_CPU, t, source)
+                torch.ops.aten.copy_.default.redispatch(SPARSE_CSR_CPU, t, source)
 
 
 def launch(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -254,7 +259,7 @@ def launch(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             f"the CPU has no kernel for it either ({str(e).splitlines()[0][:160]}). Convert "
             f"with .to_dense() first, or use an op the CPU supports on this layout."
         ) from e
-    aliases.write_back(cpu_args, _written(op))
+    aliases.write_back(list(args), _written(op))
     out = tree_map(aliases.to_neuron, result)
     cost = cost_model.sparse_op(
         rt.target,

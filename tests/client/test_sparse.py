@@ -163,3 +163,47 @@ def test_sparse_ops_are_in_the_profile_with_the_users_line() -> None:
     assert sparse, [e["name"] for e in prof.events]
     assert __file__.rsplit("/", 1)[-1] in sparse[0]["args"]["source"]
     assert "dma" in prof.summary()
+
+
+LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "coo": lambda t: t.coalesce(),
+    "csr": lambda t: t.to_sparse_csr(),
+}
+IN_PLACE: dict[str, Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], Any]] = {
+    "add_": lambda s, layout: s.add_(layout(_coo()).to(s.device)),
+    "add_new_nonzeros": lambda s, layout: s.add_(
+        layout(torch.sparse_coo_tensor([[1], [1]], [7.0], (3, 3))).to(s.device)
+    ),
+    "mul_": lambda s, layout: s.mul_(2.0),
+    "zero_": lambda s, layout: s.zero_(),
+    "copy_": lambda s, layout: s.copy_(layout(_coo() * 3)),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", list(IN_PLACE))
+def test_in_place_sparse_ops_change_the_device_tensor_itself(name: str, layout: str) -> None:
+    """The CPU's kernel may give the tensor new parts (new nonzeros, none at all): the neuron
+    tensor, the same object, takes them."""
+    to_layout = LAYOUTS[layout]
+    cpu, dev = to_layout(_coo()), to_layout(_coo()).to("neuron")
+    IN_PLACE[name](cpu, to_layout)
+    assert IN_PLACE[name](dev, to_layout) is dev
+    assert dev._nnz() == cpu._nnz() and dev.layout == cpu.layout
+    torch.testing.assert_close(dev.to_dense().cpu(), cpu.to_dense(), rtol=0, atol=0)
+
+
+def test_sparse_gradients_accumulate_across_uses_and_backwards() -> None:
+    torch.manual_seed(0)
+    cpu = torch.nn.Embedding(10, 3, sparse=True)
+    dev = torch.nn.Embedding(10, 3, sparse=True)
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to("neuron")
+    for m, device in ((cpu, "cpu"), (dev, "neuron")):
+        ids = torch.tensor([1, 2, 3], device=device)
+        (m(ids).sum() + m(ids * 2).square().sum()).backward()
+        m(ids).sum().backward()
+    assert dev.weight.grad.is_sparse and dev.weight.grad.device.type == "neuron"
+    torch.testing.assert_close(
+        dev.weight.grad.to_dense().cpu(), cpu.weight.grad.to_dense(), rtol=0, atol=0
+    )
