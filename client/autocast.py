@@ -3,6 +3,7 @@ ops in float32, following CUDA's autocast op lists."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -148,8 +149,33 @@ def _overloads(name: str) -> list[tuple[str, Any]]:
     return out
 
 
+def _default_bfloat16() -> None:
+    """torch.autocast("neuron") without a dtype means bfloat16, the NeuronCore's native type
+    (PyTorch's per-thread default for PrivateUse1 is float16, and no backend hook sets it):
+    set for this thread, and for autocast regions entered on any other thread."""
+    torch.set_autocast_dtype("neuron", torch.bfloat16)
+    autocast = torch.amp.autocast_mode.autocast
+    original = autocast.__init__
+
+    @functools.wraps(original)
+    def __init__(
+        self: Any,
+        device_type: str,
+        dtype: torch.dtype | None = None,
+        enabled: bool = True,
+        cache_enabled: bool | None = None,
+    ) -> None:
+        if dtype is None and device_type == "neuron":
+            dtype = torch.bfloat16
+        original(self, device_type, dtype, enabled, cache_enabled)
+
+    autocast.__init__ = __init__  # type: ignore[method-assign]
+
+
 def register() -> torch.library.Library:
-    """Autocast kernels for both lists; every other op falls through."""
+    """Autocast kernels for both lists; every other op falls through. The default dtype is
+    bfloat16."""
+    _default_bfloat16()
     fallthrough = torch.library.Library("_", "IMPL")
     fallthrough.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     lib = torch.library.Library("aten", "IMPL")

@@ -33,9 +33,43 @@ class _Guard(torch._C._acc.DeviceGuard):  # type: ignore[misc,name-defined]
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if "direct" not in _state:
         _register_direct_kernels()
+    if op.namespace != "aten" and _cpu_only(op.name()):
+        raise NotImplementedError(_cpu_only_message(op.name()))
     from trnsim.client.dispatch import kernel
 
     return kernel(op, *args, **kwargs)
+
+
+@functools.cache
+def _cpu_only(name: str) -> bool:
+    """An op outside ATen with a CPU kernel and none for neuron, nor one made of other ops
+    (a torch.library op registered for device_types="cpu"): its CPU kernel is CPU code,
+    and running it on the device's memory without a word would hide a missing kernel.
+    (c10d's CPU-only ops belong to gloo's process groups; the neuron group has its own.)"""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return (
+        not name.startswith("c10d::")
+        and has(name, "CPU")
+        and not any(
+            has(name, key)
+            for key in (
+                "PrivateUse1",
+                "CompositeImplicitAutograd",
+                "CompositeExplicitAutograd",
+                "CompositeExplicitAutogradNonFunctional",
+            )
+        )
+    )
+
+
+def _cpu_only_message(name: str) -> str:
+    return (
+        f"{name} has a kernel for the CPU only, none for neuron. Give it one: "
+        f"torch.neuron.register_kernel({name.split('.')[0]}, cost=...) runs its CPU "
+        f"implementation as one neuron kernel with the cost you declare (README: custom "
+        f"kernels); or register it without device_types (or for 'neuron' too) if its body "
+        f"is made of PyTorch ops; or move its inputs to the CPU with .cpu() first."
+    )
 
 
 def _wants_direct_kernel(name: str) -> bool:
@@ -102,10 +136,37 @@ def _register_early_kernels() -> torch.library.Library:
         lib.impl(name, functools.partial(_fallback, op), "PrivateUse1")
     # _to_copy's own kernel for the device is its composite one (empty + copy_), which the
     # dispatcher would pick anyway: registered directly for the same reason.
-    to_copy = torch.ops.aten._to_copy.default
-    composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
-    lib.impl("_to_copy", functools.partial(to_copy.redispatch, composite), "PrivateUse1")
+    lib.impl("_to_copy", _to_copy, "PrivateUse1")
     return lib
+
+
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def _to_copy(self: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """PyTorch's composite, except a non_blocking copy to the CPU: the composite would put it
+    in pinned memory through the PrivateUse1 hooks' pinned allocator, which a Python backend
+    cannot provide. Here the destination is pinned memory of client/pinned.py, and the copy
+    a DMA on the current stream that the host does not wait for (as from CUDA)."""
+    to_copy = torch.ops.aten._to_copy.default
+    device = kwargs.get("device")
+    if (
+        not kwargs.get("non_blocking")
+        or device is None
+        or torch.device(device).type != "cpu"
+        or self.layout != torch.strided
+    ):
+        return to_copy.redispatch(_COMPOSITE, self, **kwargs)  # type: ignore[no-any-return]
+    from trnsim.client import pinned
+
+    out = torch.empty_like(
+        self,
+        dtype=kwargs.get("dtype") or self.dtype,
+        device="cpu",
+        memory_format=kwargs.get("memory_format") or torch.preserve_format,
+    )
+    pinned.mark(out)
+    return out.copy_(self, non_blocking=True)
 
 
 def _tag(obj: Any) -> str | None:
@@ -149,6 +210,41 @@ def _fake_convolution_layouts() -> None:
     from trnsim.client import layouts
 
     layouts.install_fake_rule()
+
+
+INDUCTOR_MESSAGE = (
+    "Inductor (torch.compile's default backend) cannot generate code for neuron tensors. "
+    'Use torch.compile(model, backend="neuron"), or call '
+    'torch.compiler.set_default_backend("neuron") once before torch.compile(model).'
+)
+
+
+class _NoInductorScheduling:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(INDUCTOR_MESSAGE)
+
+
+class _NoInductorWrapper:
+    supports_caching = False
+
+    @staticmethod
+    def create(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(INDUCTOR_MESSAGE)
+
+
+def _inductor_names_neuron_backend() -> None:
+    """torch.compile(model) with inductor on neuron tensors: an error that says which
+    backend to use, instead of inductor's KeyError: 'neuron' from its device tables."""
+    from torch._inductor.codegen import common
+
+    common.register_device_op_overrides("neuron", common.DeviceOpOverrides())
+    common.register_backend_for_device(
+        "neuron",
+        _NoInductorScheduling,  # type: ignore[arg-type]
+        _NoInductorWrapper,  # type: ignore[arg-type]
+        _NoInductorWrapper,  # type: ignore[arg-type]
+        _NoInductorWrapper,  # type: ignore[arg-type]
+    )
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -212,6 +308,7 @@ def register() -> None:
     torch.serialization.register_package(11, _tag, _restore)
     after_import("torch._dynamo", skip_in_dynamo)
     after_import("torch._subclasses.fake_impls", _fake_convolution_layouts)
+    after_import("torch._inductor.codegen.common", _inductor_names_neuron_backend)
     from trnsim.client import (
         recorder,  # noqa: F401  (registers adaptive mode with the runtime)
         ties,

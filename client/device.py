@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import weakref
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch
 from trnsim.client import runtime
+from trnsim.client.errors import check_device_index
 from trnsim.simulator import device as sim_device
 
 
@@ -66,6 +68,83 @@ def get_device_name(device: Any = None) -> str:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Always: bfloat16 is the NeuronCore's native matmul type (autocast's default here)."""
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronDeviceProperties:
+    """What torch.cuda.get_device_properties gives, for one simulated NeuronCore (a device
+    is one core). The figures are the simulated target's (docs/chip.md)."""
+
+    name: str
+    neuron_core_version: str  # "NeuronCore-v3" on trn2
+    major: int  # the NeuronCore version: 3 on trn2, 2 on trn1
+    minor: int
+    total_memory: int  # this core's share of the chip's HBM, bytes
+    multi_processor_count: int  # compute engines: Tensor, Vector, Scalar, GpSimd
+    engines: tuple[str, ...]
+    sbuf_bytes: int
+    psum_bytes: int
+    hbm_gbps: float
+    cores_per_chip: int
+    peak_bf16_tflops: float
+    peak_fp32_tflops: float
+
+    def __repr__(self) -> str:
+        return (
+            f"NeuronDeviceProperties(name={self.name!r}, major={self.major}, "
+            f"minor={self.minor}, total_memory={self.total_memory >> 20}MB, "
+            f"engines={len(self.engines)}, sbuf={self.sbuf_bytes >> 20}MB)"
+        )
+
+
+_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+
+
+def get_device_properties(device: Any = None) -> NeuronDeviceProperties:
+    _check_index(device)
+    t = runtime.get().target
+    return NeuronDeviceProperties(
+        name=f"Trainium ({t.name}) NeuronCore",
+        neuron_core_version=t.generation,
+        major=_core_version(t.generation),
+        minor=0,
+        total_memory=t.hbm_bytes,
+        multi_processor_count=len(_ENGINES),
+        engines=_ENGINES,
+        sbuf_bytes=t.sbuf_bytes,
+        psum_bytes=t.psum_bytes,
+        hbm_gbps=t.hbm_gbps,
+        cores_per_chip=t.cores_per_chip,
+        peak_bf16_tflops=t.peak_bf16_tflops,
+        peak_fp32_tflops=t.peak_fp32_tflops,
+    )
+
+
+def _core_version(generation: str) -> int:
+    digits = generation.rpartition("-v")[2]
+    return int(digits) if digits.isdigit() else 0
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """(major, minor): the NeuronCore version, (3, 0) on trn2, (2, 0) on trn1."""
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+def _check_index(device: Any) -> None:
+    if device is None:
+        return
+    if isinstance(device, int):
+        device = torch.device("neuron", device)
+    device = torch.device(device)
+    if device.type != "neuron":
+        raise ValueError(f"expected a neuron device, got {device}")
+    check_device_index(device)
 
 
 def _flushed() -> runtime.Runtime:
@@ -131,6 +210,93 @@ def empty_cache() -> None:
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     a = runtime.get().allocator
     return a.capacity - a.reserved_bytes, a.capacity
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Caps the memory this process may reserve on the core at fraction × its HBM: an
+    allocation past it frees cached blocks and retries, then raises torch.OutOfMemoryError
+    (as torch.cuda's does)."""
+    if not isinstance(fraction, float):
+        raise TypeError(f"Invalid type for fraction argument, must be `float`, got {fraction!r}")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _check_index(device)
+    a = runtime.get().allocator
+    a.limit = int(a.capacity * fraction)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    _check_index(device)
+    a = runtime.get().allocator
+    return a.limit / a.capacity
+
+
+def memory_snapshot() -> list[dict[str, Any]]:
+    """The allocator's segments and their blocks (torch.cuda.memory_snapshot's layout;
+    addresses are offsets in the core's simulated HBM)."""
+    return _flushed().allocator.snapshot()
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A table of the caching allocator's state, in torch.cuda.memory_summary's manner."""
+    _check_index(device)
+    rt = _flushed()
+    s = rt.allocator.stats()
+
+    def size(n: int) -> str:
+        for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if n >= scale:
+                return f"{n / scale:.2f} {unit}"
+        return f"{n} B"
+
+    rows = [
+        ("Allocated memory", size(s["allocated_bytes"]), size(s["peak_allocated_bytes"])),
+        ("Requested memory", size(s["requested_bytes"]), "-"),
+        ("Reserved memory", size(s["reserved_bytes"]), size(s["peak_reserved_bytes"])),
+        ("Non-releasable memory", size(s["inactive_split_bytes"]), "-"),
+        ("Cached (free) memory", size(s["cached_bytes"]), "-"),
+        ("Segments", str(s["segments"]), "-"),
+    ]
+    width = 75
+    lines = [
+        "=" * width,
+        f" trnsim simulated HBM memory summary, device ID {rt.core:<4d}".ljust(width),
+        "-" * width,
+        (
+            f" capacity {size(s['capacity_bytes'])}, limit {size(rt.allocator.limit)}; "
+            f"OOMs: {s['num_ooms']}, cache flushes: {s['num_cache_flushes']}"
+        ),
+        "=" * width,
+        f" {'Metric':<26}| {'Cur Usage':>20} | {'Peak Usage':>20} ",
+        "-" * width,
+        *(f" {name:<26}| {cur:>20} | {peak:>20} " for name, cur, peak in rows),
+        "-" * width,
+        f" {'Allocations':<26}| {s['num_allocs']:>10} allocated | {s['num_frees']:>14} freed ",
+        (
+            f" {'Segment allocations':<26}| {s['num_segment_allocs']:>10} allocated | "
+            f"{s['num_segment_frees']:>14} freed "
+        ),
+        "=" * width,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+_busy_mark: dict[str, int] = {}
+
+
+def utilization(device: Any = None) -> int:
+    """Percent of the simulated time since the last call (or since the runtime started)
+    during which the core's queues were running work (torch.cuda.utilization's meaning,
+    on the simulated clock: deterministic)."""
+    _check_index(device)
+    timeline = runtime.get().timeline
+    busy, now = timeline.device_busy_ns(), timeline.now_ns()
+    last_busy, last_now = _busy_mark.get("busy", 0), _busy_mark.get("now", 0)
+    if busy < last_busy or now < last_now:  # reset_metrics() or a new runtime
+        last_busy, last_now = 0, 0
+    _busy_mark.update(busy=busy, now=now)
+    span = now - last_now
+    return 0 if span <= 0 else min(100, round(100 * (busy - last_busy) / span))
 
 
 # -- random numbers ---------------------------------------------------------------------------

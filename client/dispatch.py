@@ -413,7 +413,7 @@ def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     from trnsim.simulator.execute import transfer
 
     if dst.is_cpu:  # device -> host: the host needs the device's results
-        rt.device_to_host(src.numel() * src.element_size())
+        rt.device_to_host(src.numel() * src.element_size(), non_blocking and is_pinned(dst))
         transfer(dst, memory.to_host_alias(src))
     else:  # host -> device: recorded ops must not see the new data early, or late
         rt.flush("hazard")

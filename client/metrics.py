@@ -18,6 +18,7 @@ COUNTERS = (
     "h2d_bytes",
     "h2d_async_bytes",  # of those, non_blocking copies from pinned memory (DMA, host goes on)
     "d2h_bytes",
+    "d2h_async_bytes",  # of those, non_blocking copies into pinned memory (DMA, host goes on)
     "dynamic_shape_ops",  # ops whose output shape depends on data (a sync point)
     "sparse_ops",  # ops on sparse tensors: each one launch (client/sparse.py)
     # Adaptive mode (NEURON_EAGER=adaptive); cut reasons are counted as cut_<reason>.

@@ -38,12 +38,17 @@ def _for_neuron(device: Any) -> bool:
     return current is not None and current.type == "neuron"
 
 
-def _pin(t: torch.Tensor) -> torch.Tensor:
-    pinned = torch.empty_like(t, memory_format=torch.preserve_format).copy_(t)
-    storage = pinned.untyped_storage()
+def mark(t: torch.Tensor) -> None:
+    """t (a CPU tensor the runtime allocated) is pinned memory from now on."""
+    storage = t.untyped_storage()
     ptr = storage.data_ptr()
     if ptr:
         _pinned[ptr] = weakref.ref(storage, lambda _: _pinned.pop(ptr, None))
+
+
+def _pin(t: torch.Tensor) -> torch.Tensor:
+    pinned = torch.empty_like(t, memory_format=torch.preserve_format).copy_(t)
+    mark(pinned)
     return pinned
 
 

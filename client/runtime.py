@@ -391,9 +391,21 @@ class Runtime:
             self.timeline.host_work(ns)
         self.metrics.counts["h2d_bytes"] += nbytes
 
-    def device_to_host(self, nbytes: int) -> None:
-        self.synchronize()  # flushes the recorder too
-        self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
+    def device_to_host(self, nbytes: int, to_pinned: bool = False) -> None:
+        """A device->host copy. The host waits for the device, then for the transfer; a
+        non_blocking copy into pinned memory is a DMA on the current stream after the work
+        before it, which the host does not wait for (synchronize() does)."""
+        if to_pinned:
+            self.flush("sync")  # the recorded work that makes the data runs first
+            ns = int(cost_model.host_transfer_ns(self.target, nbytes))
+            self.timeline.host_work(self.target.host_submit_ns)
+            self.timeline.launch(
+                ns, stream=self.stream, name="d2h", engine_ns={"dma": ns}, overhead_ns=0
+            )
+            self.metrics.counts["d2h_async_bytes"] += nbytes
+        else:
+            self.synchronize()  # flushes the recorder too
+            self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
         self.metrics.counts["d2h_bytes"] += nbytes
 
     def snapshot(self) -> dict[str, int]:

@@ -18,17 +18,24 @@ LARGE_ROUNDING = 2 * MiB  # larger requests get a segment of their size rounded 
 class OutOfMemoryError(MemoryError):
     """Recoverable: free tensors (or call empty_cache) and retry, or use smaller batches."""
 
-    def __init__(self, requested: int, allocated: int, reserved: int, capacity: int) -> None:
+    def __init__(
+        self, requested: int, allocated: int, reserved: int, capacity: int, limit: int | None = None
+    ) -> None:
         self.requested = requested
         self.allocated = allocated
         self.reserved = reserved
         self.capacity = capacity
+        allowed = (
+            f"; {_fmt(limit)} allowed by set_per_process_memory_fraction"
+            if limit is not None and limit < capacity
+            else ""
+        )
         super().__init__(
             f"simulated HBM out of memory: tried to allocate {_fmt(requested)}; "
             f"{_fmt(allocated)} allocated by tensors, {_fmt(reserved)} reserved by the "
-            f"allocator, capacity {_fmt(capacity)} ({requested} / {allocated} / {reserved} / "
-            f"{capacity} bytes). Free tensors you no longer need, call empty_cache(), or "
-            f"reduce the batch size."
+            f"allocator, capacity {_fmt(capacity)}{allowed} ({requested} / {allocated} / "
+            f"{reserved} / {capacity} bytes). Free tensors you no longer need, call "
+            f"empty_cache(), or reduce the batch size."
         )
 
 
@@ -57,6 +64,8 @@ class Segment:
     size: int
     small: bool
     blocks_in_use: int = 0
+    # The block at the segment's start: blocks merge into it, never it into another.
+    head: Block | None = field(default=None, repr=False)
 
 
 @dataclass(eq=False)
@@ -115,6 +124,7 @@ class HbmAllocator:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.limit = capacity  # reserved bytes may not pass it (set_per_process_memory_fraction)
         self._space = _AddressSpace(capacity)
         self._pools: dict[bool, list[tuple[int, int, Block]]] = {True: [], False: []}
         self._segments: list[Segment] = []
@@ -165,7 +175,9 @@ class HbmAllocator:
             block = self._new_segment(small, rounded)
         if block is None:
             self._counters["num_ooms"] += 1
-            raise OutOfMemoryError(size, self.allocated_bytes, self.reserved_bytes, self.capacity)
+            raise OutOfMemoryError(
+                size, self.allocated_bytes, self.reserved_bytes, self.capacity, self.limit
+            )
         self._split(block, rounded, small)
         block.allocated = True
         block.requested = size
@@ -246,6 +258,39 @@ class HbmAllocator:
             "capacity_bytes": self.capacity,
         }
 
+    def snapshot(self) -> list[dict[str, object]]:
+        """Every segment with its blocks, in address order (torch.cuda.memory_snapshot's
+        shape: address, total_size, segment_type, allocated_size, blocks with size, state)."""
+        self._unpark()
+        out: list[dict[str, object]] = []
+        for seg in sorted(self._segments, key=lambda s: s.offset):
+            chain = []
+            b = seg.head
+            while b is not None:
+                chain.append(b)
+                b = b.next
+            out.append(
+                {
+                    "address": seg.offset,
+                    "total_size": seg.size,
+                    "stream": 0,
+                    "segment_type": "small" if seg.small else "large",
+                    "allocated_size": sum(b.size for b in chain if b.allocated),
+                    "active_size": sum(b.size for b in chain if b.allocated),
+                    "requested_size": sum(b.requested for b in chain if b.allocated),
+                    "blocks": [
+                        {
+                            "address": b.offset,
+                            "size": b.size,
+                            "requested_size": b.requested,
+                            "state": "active_allocated" if b.allocated else "inactive",
+                        }
+                        for b in chain
+                    ],
+                }
+            )
+        return out
+
     # -- internals ----------------------------------------------------------------------------
     def _take_cached(self, small: bool, rounded: int) -> Block | None:
         pool = self._pools[small]
@@ -261,6 +306,8 @@ class HbmAllocator:
 
     def _new_segment(self, small: bool, rounded: int) -> Block | None:
         size = segment_size(rounded)
+        if self._counters["reserved_bytes"] + size > self.limit:
+            return None
         offset = self._space.take(size)
         if offset is None:
             return None
@@ -270,7 +317,8 @@ class HbmAllocator:
         c["reserved_bytes"] += size
         c["peak_reserved_bytes"] = max(c["peak_reserved_bytes"], c["reserved_bytes"])
         c["num_segment_allocs"] += 1
-        return Block(segment, offset, size)
+        segment.head = Block(segment, offset, size)
+        return segment.head
 
     def _split(self, block: Block, rounded: int, small: bool) -> None:
         remaining = block.size - rounded
