@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trnsim.client.shapes import Signature, load
+from trnsim.client.shapes import RegistryFileError, Signature, load
 
 RTOL, ATOL = 1.3e-6, 1e-5  # float32 comparisons, as OpInfo's float32 defaults
 # Ops whose values come from a generator or uninitialised memory (empty, resize_ growing a
@@ -270,15 +270,21 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trnsim registry", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="action", required=True)
     test = sub.add_parser("test", help="op tests from a registry: device against CPU")
-    test.add_argument("file")
+    test.add_argument("file", help="a registry file (NEURON_RECORD_SHAPES, trnsim record)")
     test.add_argument("--mode", default="eager,adaptive", help="modes, comma-separated")
     test.add_argument("--ops", default="", help="only these ops (comma-separated)")
     test.add_argument("--results", help="write each signature's outcome to this JSON file")
     stats = sub.add_parser("stats", help="signatures per op, the ops that dominate, failures")
-    stats.add_argument("file")
-    stats.add_argument("--top", type=int, default=25)
+    stats.add_argument("file", help="a registry file")
+    stats.add_argument("--top", type=int, default=25, help="ops listed (default 25)")
     stats.add_argument("--results", help="outcomes written by `test --results`")
-    record = sub.add_parser("record", help="run a command, recording its op signatures")
+    record = sub.add_parser(
+        "record",
+        prog="trnsim record",  # also `trnsim registry record`
+        help="run a command, recording its op signatures",
+        description="Runs COMMAND with NEURON_RECORD_SHAPES set: every op signature it "
+        "dispatches to the device is written to FILE (the shape registry).",
+    )
     record.add_argument("-o", "--file", default="shapes.jsonl", help="default shapes.jsonl")
     record.add_argument("argv", nargs=argparse.REMAINDER, help="-- python train.py ...")
     return p
@@ -291,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
             f"error: no registry file {args.file} (record one with trnsim record)", file=sys.stderr
         )
         return 2
-    return {"test": cmd_test, "stats": cmd_stats, "record": cmd_record}[args.action](args)
+    try:
+        return {"test": cmd_test, "stats": cmd_stats, "record": cmd_record}[args.action](args)
+    except RegistryFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

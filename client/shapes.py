@@ -120,9 +120,25 @@ def start_from_env() -> None:
     atexit.register(active.save)
 
 
+class RegistryFileError(ValueError):
+    """A registry file that is not one JSON signature per line."""
+
+
 def load(path: Path) -> list[Signature]:
+    signatures = []
     with open(path) as f:
-        return [Signature.from_json(json.loads(line)) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                signatures.append(Signature.from_json(json.loads(line)))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise RegistryFileError(
+                    f"{path}:{number}: not a recorded op signature ({type(e).__name__}: "
+                    f"{str(e)[:120]}); a registry file has one JSON signature per line, as "
+                    f"NEURON_RECORD_SHAPES or `trnsim record` write it"
+                ) from e
+    return signatures
 
 
 def write(path: Path, signatures: Iterable[Signature]) -> None:

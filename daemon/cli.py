@@ -177,6 +177,15 @@ def _cache(args: argparse.Namespace) -> ExecutableCache:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    directory = _config(args).cache_dir / "executables"
+    if not (directory / "cache.db").is_file():
+        # Opening a cache creates it: these commands look at one and change nothing else.
+        print(
+            f"error: no executable cache at {directory} (a daemon or an in-process compile "
+            f"creates it on its first compile; --cache-dir names another directory)",
+            file=sys.stderr,
+        )
+        return 2
     cache = _cache(args)
     try:
         if args.cache_command == "ls":

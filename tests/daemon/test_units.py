@@ -88,6 +88,16 @@ def test_verify_and_prune(cache):
         other.close()
 
 
+def test_cache_commands_on_a_missing_directory_create_nothing(tmp_path, capsys):
+    from trnsim.daemon import cli
+
+    missing = tmp_path / "nowhere"
+    for command in ("ls", "verify"):
+        assert cli.main(["cache", "--cache-dir", str(missing), command]) == 2
+        assert "no executable cache at" in capsys.readouterr().err
+    assert not missing.exists()
+
+
 def test_a_disk_that_fails_costs_only_the_disk_tier(cache, monkeypatch):
     def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise sqlite3.OperationalError("attempt to write a readonly database")

@@ -75,3 +75,26 @@ def test_the_command_line_tests_and_summarises(tmp_path):
         text=True,
     )
     assert missing.returncode == 2 and "no registry file" in missing.stderr
+
+
+def test_a_malformed_registry_file_is_one_line_that_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"op": "aten::mul.Tensor"}\nnot json\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "trnsim.daemon.cli", "registry", "stats", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and f"{path}:1: not a recorded op signature" in out.stderr
+
+
+def test_trnsim_record_help_names_trnsim_record():
+    out = subprocess.run(
+        [sys.executable, "-m", "trnsim.daemon.cli", "record", "--help"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert out.startswith("usage: trnsim record") and "NEURON_RECORD_SHAPES" in out
