@@ -1,6 +1,6 @@
 """The `trnsim` command: daemon serve|start|stop|status, stats, cache ls|verify|prune|clear,
-profile FILE (a profile's table), registry test|stats and record (the shape registry,
-client/registry.py)."""
+profile FILE (a profile's table), doctor (is this host ready), registry test|stats and
+record (the shape registry, client/registry.py), --version."""
 
 from __future__ import annotations
 
@@ -207,6 +207,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from trnsim.daemon import doctor
+
+    checks = doctor.run(_config(args))
+    print(doctor.report(checks))
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Device time by op, by source line and by engine, from a profile's trace."""
     from trnsim.simulator import trace
@@ -220,8 +228,22 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """--version: the package version and git commit (computed only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        import trnsim
+
+        print(f"trnsim {trnsim.package_version()} (commit {trnsim.commit()})")
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trnsim", description=__doc__)
+    p.add_argument("--version", action=_Version)
     p.add_argument("--address", help=f"daemon address (default {default_address()})")
     p.add_argument("--system", action="store_true", help=f"the systemd daemon ({SYSTEM_SOCKET})")
     sub = p.add_subparsers(dest="command", required=True)
@@ -256,6 +278,11 @@ def parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="the table of a profile (NEURON_PROFILE=FILE)")
     profile.add_argument("file", help="a trace written by NEURON_PROFILE or torch.neuron.profile")
     profile.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    sub.add_parser(
+        "doctor",
+        help="check this host: torch, the device, NEURON_* variables, the daemon, "
+        "directories, the cache, disk and memory (exit 1 if a check fails)",
+    )
     sub.add_parser("registry", help="the shape registry: test FILE | stats FILE (runs torch)")
     sub.add_parser("record", help="-o FILE -- COMMAND: record the op signatures COMMAND runs")
     return p
@@ -287,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_stats(args)
         if args.command == "profile":
             return cmd_profile(args)
+        if args.command == "doctor":
+            return cmd_doctor(args)
         return cmd_cache(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
