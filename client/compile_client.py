@@ -371,7 +371,7 @@ class DaemonCompileClient:
         if not self._warned:
             self._warned = True
             warnings.warn(f"trnsim: {message}", RuntimeWarning, stacklevel=4)
-        log.info("trnsim: %s", message)
+        log.debug("%s", message)
 
     def close(self) -> None:
         self._lost("closed")

@@ -70,6 +70,7 @@ _VALIDATORS: dict[str, Callable[[], object]] = {
     env.NEURON_SIM_COMPILE_SCALE: env.compile_scale,
     env.NEURON_SIM_NODE: env.sim_node,
     env.NEURON_SHAPE_BUCKETS: lambda: buckets.parse(env.shape_buckets()),
+    env.NEURON_LOG_LEVEL: env.log_level,
 }
 
 

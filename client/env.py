@@ -25,6 +25,8 @@ NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with th
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
 NEURON_SIM_NODE = "NEURON_SIM_NODE"  # the simulated host this process is on (default: below)
 NEURON_SHAPE_BUCKETS = "NEURON_SHAPE_BUCKETS"  # pow2 (default) | exact | "128,256": compiled mode
+NEURON_LOG_LEVEL = "NEURON_LOG_LEVEL"  # debug | info (default) | warning | error | off
+LOG_LEVELS = ("debug", "info", "warning", "error", "off")
 # Set by torchrun: with more ranks in the job than on this node, the node rank names the host,
 # so two torchrun --nnodes 2 launches on one machine are two simulated hosts.
 GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE = "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"
@@ -134,6 +136,17 @@ def record_shapes() -> str:
 def record_source() -> str:
     """NEURON_RECORD_SOURCE: the model name recorded with the signatures ("": the script's)."""
     return os.environ.get(NEURON_RECORD_SOURCE, "").strip()
+
+
+def log_level() -> str:
+    """NEURON_LOG_LEVEL: the `trnsim` logger's level (client/progress.py)."""
+    return _choice(NEURON_LOG_LEVEL, "info", LOG_LEVELS)
+
+
+def announces_progress() -> bool:
+    """Whether this process prints compile progress: under torchrun only local rank 0 does
+    (once per host); a process outside torchrun always."""
+    return (os.environ.get(LOCAL_RANK, "0").strip() or "0") == "0"
 
 
 def read() -> Settings:

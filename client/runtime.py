@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 import torch
-from trnsim.client import env, profiler
+from trnsim.client import env, profiler, progress
 from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.errors import compile_error, out_of_memory, user_frame
 from trnsim.client.memory import to_host_alias
@@ -93,6 +93,7 @@ class Runtime:
         self.fused_options = executable_pb2.CompileOptions(opt_level=2)  # recorded graphs
         self.signatures: dict[tuple[Any, ...], Entry] = {}
         self.executables: dict[str, execute.LoadedExecutable] = {}
+        self._background_compiles = 0  # submitted and not finished (progress lines name them)
         self.generator = torch.Generator()
         self.generator.manual_seed(DEFAULT_SEED)
         self.stream = 0
@@ -230,8 +231,15 @@ class Runtime:
         if loaded is not None:
             self.metrics.counts["executable_cache_hits"] += 1
             return loaded
+        what = (
+            f"{debug.name} (-O{options.opt_level})"
+            if len(graph.nodes) == 1
+            else f"a {debug.name or ''} graph of {len(graph.nodes)} ops (-O{options.opt_level})"
+        )
         try:
-            exe = self.compiler.compile(to_proto(graph), self.target.name, options, debug)
+            with progress.compile_wait(what, lambda: self._background_compiles) as done:
+                exe = self.compiler.compile(to_proto(graph), self.target.name, options, debug)
+                done(exe.modelled_compile_seconds)
         except CompileError as e:
             raise compile_error(debug, e) from e
         self.metrics.counts["executables_compiled"] += 1
@@ -261,9 +269,15 @@ class Runtime:
     ) -> Future[executable_pb2.Executable]:
         """A compile at background priority and -O2 (adaptive mode's fused graphs): nothing
         waits for it; the future holds the executable, or the compile's error."""
-        return self.compiler.compile_async(
+        future = self.compiler.compile_async(
             to_proto(graph), self.target.name, self.fused_options, debug
         )
+        self._background_compiles += 1
+        future.add_done_callback(self._background_done)
+        return future
+
+    def _background_done(self, future: Future[executable_pb2.Executable]) -> None:
+        self._background_compiles -= 1
 
     @property
     def compiles_shared(self) -> bool:
