@@ -42,10 +42,18 @@ protos: setup
 explain: setup
 	$(PY) -m trnsim.compiler --explain examples/graphs/mlp.json
 
-# The main demo: a small GPT trained on the simulated chip next to the same on CPU.
+# The main demo: a small GPT trained on the simulated chip next to the same on CPU, cold, then
+# warm after `trnsim precompile` of what the cold run recorded.
+DEMO_GRAPHS ?= $(or $(XDG_RUNTIME_DIR),/tmp)/trnsim-demo.graphs
 # CPU, neuron eager and neuron adaptive side by side. Compiles go through the host's compile
 # daemon (started on first use); its stats close the demo.
 demo: setup
+	@echo "== 1. the first run: every executable compiled now, graphs recorded (NEURON_RECORD_GRAPHS)"
+	rm -f $(DEMO_GRAPHS)
+	NEURON_RECORD_GRAPHS=$(DEMO_GRAPHS) $(PY) examples/train_gpt.py --steps 20
+	@echo "== 2. compile ahead what it recorded, through the daemon"
+	$(VENV)/bin/trnsim precompile $(DEMO_GRAPHS)
+	@echo "== 3. the same run, warm: nothing compiled, adaptive mode fuses from its first steps"
 	$(PY) examples/train_gpt.py --steps 20
 	$(VENV)/bin/trnsim stats
 

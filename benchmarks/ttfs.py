@@ -74,7 +74,14 @@ def asked(ranks: list[dict[str, float]]) -> int:
     """Compiles the ranks asked for: blocking ones on a miss in their own executable table,
     and background ones for adaptive mode's fused graphs (more are asked for when compiles
     go to a shared daemon: scheduler/compile_policy.py)."""
-    return int(sum(r["executables_compiled"] + r["fused_compiles_requested"] for r in ranks))
+    return int(
+        sum(
+            r["executables_compiled"]
+            + r.get("executables_fetched", 0)
+            + r["fused_compiles_requested"]
+            for r in ranks
+        )
+    )
 
 
 def row(name: str, ranks: list[dict[str, float]], compiles: int) -> dict[str, float]:

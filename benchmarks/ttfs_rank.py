@@ -130,6 +130,7 @@ def main() -> None:
         "compile_wait_sim_s": m["compile_wait_ns"] / 1e9,
         "compile_wait_wall_s": compile_wall,
         "executables_compiled": m["executables_compiled"],
+        "executables_fetched": m["executables_fetched"],
         "fused_compiles_requested": m["fused_compiles_requested"],
         "mode": os.environ.get("NEURON_EAGER", "eager"),
     }

@@ -25,6 +25,7 @@ NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with th
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
 NEURON_SIM_NODE = "NEURON_SIM_NODE"  # the simulated host this process is on (default: below)
 NEURON_SHAPE_BUCKETS = "NEURON_SHAPE_BUCKETS"  # pow2 (default) | exact | "128,256": compiled mode
+NEURON_RECORD_GRAPHS = "NEURON_RECORD_GRAPHS"  # a file: the precompile manifest (at exit)
 NEURON_LOG_LEVEL = "NEURON_LOG_LEVEL"  # debug | info (default) | warning | error | off
 LOG_LEVELS = ("debug", "info", "warning", "error", "off")
 # Set by torchrun: with more ranks in the job than on this node, the node rank names the host,
@@ -131,6 +132,12 @@ def shape_buckets() -> str:
 def record_shapes() -> str:
     """NEURON_RECORD_SHAPES: the file op signatures are recorded into ("": not recording)."""
     return os.environ.get(NEURON_RECORD_SHAPES, "").strip()
+
+
+def record_graphs() -> str:
+    """NEURON_RECORD_GRAPHS: the precompile manifest this run's graphs are added to at exit
+    ("": none); `trnsim precompile FILE` compiles them ahead of the next run."""
+    return os.environ.get(NEURON_RECORD_GRAPHS, "").strip()
 
 
 def record_source() -> str:

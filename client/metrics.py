@@ -9,7 +9,8 @@ COUNTERS = (
     "ops_dispatched",  # ops that reached the backend (views included)
     "view_ops",  # metadata-only ops (no executable, no launch)
     "allocations",  # device tensors allocated
-    "executables_compiled",  # compiles this process asked for
+    "executables_compiled",  # compiles this process asked for and waited for
+    "executables_fetched",  # executables it asked for that a daemon's cache held (no wait)
     "cache_hits",  # ops whose signature was already in the in-process cache
     "cache_misses",  # ops that needed an executable looked up or compiled
     "executable_cache_hits",  # signature misses served by an executable already loaded

@@ -11,6 +11,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -118,7 +119,38 @@ class Runtime:
         if env.profile_path():
             self.profiler = profiler.Profiler(profiler.trace_path(env.profile_path()), self.core)
             atexit.register(self._write_profile)
+        # NEURON_RECORD_GRAPHS: every graph compiled or fetched, by cache key, for the
+        # precompile manifest written at exit (trnsim precompile compiles it ahead).
+        self.graph_log: dict[str, Any] | None = None
+        if env.record_graphs():
+            self.graph_log = {}
+            atexit.register(self._write_manifest)
         self.set_mode(settings.eager_mode)
+
+    def _write_manifest(self) -> None:
+        from trnsim.compiler import manifest
+
+        if self.graph_log:
+            path = Path(env.record_graphs())
+            n = manifest.merge_into(path, self.graph_log)
+            print(
+                f"trnsim: {len(self.graph_log)} graphs of this run in {path} ({n} in all); "
+                f"compile them ahead with: trnsim precompile {path}",
+                file=sys.stderr,
+            )
+            self.graph_log.clear()
+
+    def _log_graph(
+        self,
+        key: str,
+        graph: graph_pb2.Graph,
+        debug: graph_pb2.GraphDebug | None,
+        options: executable_pb2.CompileOptions,
+    ) -> None:
+        if self.graph_log is not None and key not in self.graph_log:
+            from trnsim.compiler import manifest
+
+            self.graph_log[key] = manifest.request(graph, debug, self.target.name, options)
 
     def set_mode(self, mode: str) -> None:
         """eager or adaptive; what was recorded runs first. Graphs seen so far are kept."""
@@ -237,12 +269,17 @@ class Runtime:
             else f"a {debug.name or ''} graph of {len(graph.nodes)} ops (-O{options.opt_level})"
         )
         try:
+            proto = to_proto(graph)
             with progress.compile_wait(what, lambda: self._background_compiles) as done:
-                exe = self.compiler.compile(to_proto(graph), self.target.name, options, debug)
+                exe = self.compiler.compile(proto, self.target.name, options, debug)
                 done(exe.modelled_compile_seconds)
         except CompileError as e:
             raise compile_error(debug, e) from e
-        self.metrics.counts["executables_compiled"] += 1
+        self._log_graph(key, proto, debug, options)
+        # A daemon's cache hit waited for no compile: fetched, compiled by an earlier run,
+        # another process or `trnsim precompile`.
+        fetched = exe.waited_compile_seconds == 0 and exe.modelled_compile_seconds > 0
+        self.metrics.counts["executables_fetched" if fetched else "executables_compiled"] += 1
         self.wait_for_compile(exe.waited_compile_seconds)
         loaded = self.executables[key] = execute.load(exe)
         return loaded
@@ -269,9 +306,11 @@ class Runtime:
     ) -> Future[executable_pb2.Executable]:
         """A compile at background priority and -O2 (adaptive mode's fused graphs): nothing
         waits for it; the future holds the executable, or the compile's error."""
-        future = self.compiler.compile_async(
-            to_proto(graph), self.target.name, self.fused_options, debug
-        )
+        proto = to_proto(graph)
+        future = self.compiler.compile_async(proto, self.target.name, self.fused_options, debug)
+        if self.graph_log is not None:
+            key = cache_key(graph, self.target, self.fused_options).digest
+            self._log_graph(key, proto, debug, self.fused_options)
         self._background_compiles += 1
         future.add_done_callback(self._background_done)
         return future

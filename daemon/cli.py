@@ -207,6 +207,43 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_precompile(args: argparse.Namespace) -> int:
+    from trnsim.compiler.manifest import ManifestError
+    from trnsim.daemon import precompile
+
+    try:
+        requests = precompile.load([Path(p) for p in args.manifests])
+    except (OSError, ManifestError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = _config(args)
+    if launcher.ensure_daemon(config.address) is None:
+        print(
+            f"error: no daemon answers on {config.address}; start one with trnsim daemon start",
+            file=sys.stderr,
+        )
+        return 1
+    info = launcher.get_info(
+        config.address, version=compiler.compiler_version(), fmt=compiler.FORMAT_VERSION
+    )
+    if info is not None and not info.compatible:
+        print(
+            f"error: the daemon on {config.address} (pid {info.pid}) runs compiler "
+            f"{info.compiler_version}, this install {compiler.compiler_version()}: its cache "
+            f"would serve no run of this install. Stop it (trnsim daemon stop) and run "
+            f"precompile again: it starts a current one.",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        summary = precompile.run(requests, config.address, args.jobs)
+    except grpc.RpcError as e:
+        print(f"error: the daemon on {config.address} failed: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        return 1
+    print("\n".join(summary.lines()))
+    return 1 if summary.failed else 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from trnsim.daemon import doctor
 
@@ -278,6 +315,23 @@ def parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="the table of a profile (NEURON_PROFILE=FILE)")
     profile.add_argument("file", help="a trace written by NEURON_PROFILE or torch.neuron.profile")
     profile.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    pre = sub.add_parser(
+        "precompile",
+        help="compile ahead, through the daemon, the graphs runs recorded (NEURON_RECORD_GRAPHS)",
+        description="Compiles every graph of the manifests (per-op executables, adaptive "
+        "mode's fused graphs, compiled regions, shape buckets) through the host's daemon "
+        "(started if none runs), so the next run compiles nothing. Manifests merge; what "
+        "the cache holds already is skipped.",
+    )
+    pre.add_argument(
+        "manifests", nargs="+", metavar="MANIFEST", help="files NEURON_RECORD_GRAPHS wrote"
+    )
+    pre.add_argument(
+        "--jobs",
+        type=int,
+        default=16,
+        help="compiles in flight at once (default 16; the daemon's workers run them)",
+    )
     sub.add_parser(
         "doctor",
         help="check this host: torch, the device, NEURON_* variables, the daemon, "
@@ -316,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_profile(args)
         if args.command == "doctor":
             return cmd_doctor(args)
+        if args.command == "precompile":
+            return cmd_precompile(args)
         return cmd_cache(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -192,11 +192,26 @@ def main() -> None:
     )
     m = torch.neuron.metrics()
     print(
-        f"executables compiled: {m['executables_compiled']} (cache hits {m['cache_hits']}, misses "
+        f"executables compiled: {m['executables_compiled']}, fetched from the daemon's cache: "
+        f"{m['executables_fetched']} (signature cache hits {m['cache_hits']}, misses "
         f"{m['cache_misses']}); adaptive: {m['graphs_formed']} graphs, {m['fused_executions']} fused runs "
         f"covering {m['fused_ops']} ops, {m['op_by_op_graphs']} run op by op, "
         f"{m['fused_compiles_ready']}/{m['fused_compiles_requested']} fused compiles ready"
     )
+    pending = m["fused_compiles_requested"] - m["fused_compiles_ready"]
+    if pending and not m["fused_compiles_ready"]:  # the cold run: say why it went op by op
+        print(
+            f"why adaptive ran op by op: its {pending} fused graphs were still compiling when "
+            f"the run ended (at -O2 a graph takes tens of seconds of modelled compile time; "
+            f"the {args.steps} steps took {sum(times['adaptive']) / 1e9:.3f} s of simulated "
+            f"time). The daemon keeps them in its cache: run again, or `trnsim precompile` what "
+            f"NEURON_RECORD_GRAPHS recorded, and adaptive mode fuses from its first steps."
+        )
+    elif pending:
+        print(
+            f"{pending} of {m['fused_compiles_requested']} fused graphs never ran fused (met "
+            f"once, or again only before their executable arrived): those ran op by op"
+        )
     print(
         f"device memory: {torch.neuron.memory_allocated() / 2**20:.2f} MiB allocated, "
         f"peak {torch.neuron.max_memory_allocated() / 2**20:.2f} MiB"
