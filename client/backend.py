@@ -324,9 +324,10 @@ def register() -> None:
     from trnsim.client import meta_kernels
 
     _state["meta"] = meta_kernels.register()  # shapes of the ops only the device runs
-    from trnsim.client import shapes
+    from trnsim.client import explain, shapes
 
     shapes.start_from_env()  # NEURON_RECORD_SHAPES
+    explain.write_at_exit()  # NEURON_EXPLAIN
     from trnsim.client import autocast
 
     _state["autocast"] = autocast.register()

@@ -476,6 +476,83 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
 
+def explain() -> Any:
+    """Why the runtime did what it did, at your lines: adaptive mode's graph cuts (reason,
+    the op the graph ended with, file:line), compiled mode's graph breaks, recompiles and
+    eager fallbacks. print() it for a table; .to_json() for data (client/explain.py)."""
+    from trnsim.client import explain as explaining
+
+    return explaining.explain()
+
+
+def metrics_report() -> str:
+    """The counters as a readable summary: ops and executables, adaptive and compiled mode,
+    memory traffic, and the simulated clocks. Every time is simulated, in ms: compile wait
+    (compile_wait_ns), sync waits (sync_wait_ns), wall (wall_ns: the later of the host and
+    the device), host busy (host_busy_ns), device busy (device_busy_ns, summed over
+    streams)."""
+    m = metrics()
+    ms = {k: v / 1e6 for k, v in m.items() if k.endswith("_ns")}
+    cuts = ", ".join(
+        f"{k[len('cut_') :]} {v}" for k, v in sorted(m.items()) if k.startswith("cut_") and v
+    )
+    rows = [
+        (
+            "ops dispatched",
+            (
+                f"{m['ops_dispatched']} ({m['view_ops']} views), signature cache hits "
+                f"{m['cache_hits']}, misses {m['cache_misses']}"
+            ),
+        ),
+        (
+            "executables",
+            (
+                f"{m['executables_compiled']} compiled, {m['executables_fetched']} fetched from "
+                f"the daemon's cache; compile wait {ms['compile_wait_ns']:.3f} ms"
+            ),
+        ),
+        (
+            "adaptive",
+            (
+                f"{m['graphs_formed']} graphs: {m['fused_executions']} fused runs "
+                f"({m['fused_ops']} ops), {m['op_by_op_graphs']} op by op; fused compiles "
+                f"{m['fused_compiles_ready']}/{m['fused_compiles_requested']} ready, "
+                f"{m['fused_compiles_failed']} failed; cuts: {cuts or 'none'}"
+            ),
+        ),
+        (
+            "compiled",
+            (
+                f"{m['compiled_dynamo_graphs']} dynamo graphs, {m['compiled_calls']} region runs, "
+                f"{m['compiled_fallbacks']} eager fallbacks"
+            ),
+        ),
+        (
+            "memory traffic",
+            (
+                f"HBM {m['hbm_bytes']} B; host->device {m['h2d_bytes']} B, device->host "
+                f"{m['d2h_bytes']} B"
+            ),
+        ),
+        (
+            "launches",
+            (
+                f"{m.get('launches', 0)}; sync waits {m.get('sync_waits', 0)} "
+                f"({ms.get('sync_wait_ns', 0.0):.3f} ms)"
+            ),
+        ),
+        (
+            "simulated clocks",
+            (
+                f"wall {ms.get('wall_ns', 0.0):.3f} ms, host busy {ms.get('host_busy_ns', 0.0):.3f} "
+                f"ms, device busy {ms.get('device_busy_ns', 0.0):.3f} ms"
+            ),
+        ),
+    ]
+    lines = [f"{name:<18}{text}" for name, text in rows]
+    return "\n".join(lines)
+
+
 def compiled_explain() -> list[dict[str, Any]]:
     """Why torch.compile(backend="neuron") recompiled: per function, the guard failures."""
     from trnsim.client import compiled

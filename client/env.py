@@ -26,6 +26,7 @@ LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISI
 NEURON_SIM_NODE = "NEURON_SIM_NODE"  # the simulated host this process is on (default: below)
 NEURON_SHAPE_BUCKETS = "NEURON_SHAPE_BUCKETS"  # pow2 (default) | exact | "128,256": compiled mode
 NEURON_RECORD_GRAPHS = "NEURON_RECORD_GRAPHS"  # a file: the precompile manifest (at exit)
+NEURON_EXPLAIN = "NEURON_EXPLAIN"  # a file: torch.neuron.explain()'s report, written at exit
 NEURON_LOG_LEVEL = "NEURON_LOG_LEVEL"  # debug | info (default) | warning | error | off
 LOG_LEVELS = ("debug", "info", "warning", "error", "off")
 # Set by torchrun: with more ranks in the job than on this node, the node rank names the host,
@@ -138,6 +139,11 @@ def record_graphs() -> str:
     """NEURON_RECORD_GRAPHS: the precompile manifest this run's graphs are added to at exit
     ("": none); `trnsim precompile FILE` compiles them ahead of the next run."""
     return os.environ.get(NEURON_RECORD_GRAPHS, "").strip()
+
+
+def explain_path() -> str:
+    """NEURON_EXPLAIN: the file torch.neuron.explain()'s report is written to at exit."""
+    return os.environ.get(NEURON_EXPLAIN, "").strip()
 
 
 def record_source() -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from trnsim.client import runtime
+from trnsim.client import explain, runtime
 from trnsim.client.errors import execution_error, user_frame
 from trnsim.client.memory import to_device
 from trnsim.client.ops import (
@@ -445,6 +445,8 @@ class Recorder:
             return
         self.rt.count("graphs_formed")
         self.rt.count(f"cut_{reason}")
+        if not self.region:
+            explain.note_cut(reason, ops[-1].name)
         signature = (tuple(parts), tuple(observable))
         state = self.graphs.get(signature)
         if state is None:

@@ -337,6 +337,7 @@ def parser() -> argparse.ArgumentParser:
         help="check this host: torch, the device, NEURON_* variables, the daemon, "
         "directories, the cache, disk and memory (exit 1 if a check fails)",
     )
+    sub.add_parser("explain", help="FILE: the report NEURON_EXPLAIN=FILE wrote (runs torch)")
     sub.add_parser("registry", help="the shape registry: test FILE | stats FILE (runs torch)")
     sub.add_parser("record", help="-o FILE -- COMMAND: record the op signatures COMMAND runs")
     return p
@@ -344,10 +345,13 @@ def parser() -> argparse.ArgumentParser:
 
 # Subcommands that run PyTorch: the daemon never imports torch, so they are run as
 # `python -m trnsim.client.registry ...` in a process of their own.
-_TORCH_COMMANDS = ("registry", "record")
+_TORCH_COMMANDS = ("registry", "record", "explain")
 
 
 def _run_torch_command(argv: list[str]) -> int:
+    if argv[0] == "explain":  # (imported with the device: not run as -m)
+        code = "import sys; from trnsim.client.explain import main; sys.exit(main(sys.argv[1:]))"
+        return subprocess.call([sys.executable, "-c", code, *argv[1:]])
     rest = argv[1:] if argv[0] == "registry" else argv
     command = [sys.executable, "-m", "trnsim.client.registry", *rest]
     return subprocess.call(command)

@@ -1,0 +1,154 @@
+"""torch.neuron.explain(): why the runtime did what it did, at the user's lines.
+
+- Adaptive mode's cuts: each place a recorded graph was cut (reason, the op the graph ended
+  with, the user's file:line that caused it), counted.
+- Compiled mode: dynamo's graph breaks (its reasons, counted), each recompiled function with
+  the guard failures behind it, graphs that ran eagerly instead and shape buckets
+  (client/compiled.py).
+
+`print(torch.neuron.explain())` is a table; `.to_json()` the same as data.
+NEURON_EXPLAIN=FILE writes the report at exit; `trnsim explain FILE` prints it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trnsim.client import env
+from trnsim.client.errors import user_frame
+
+# Why a recorded graph was cut (scheduler/boundaries.py, and the callers of Runtime.flush).
+REASONS = {
+    "sync": "the host needed the device's results (.item(), .cpu(), print, synchronize)",
+    "first_sight": "an op signature met for the first time runs on its own (its outputs "
+    "are checked once); the next time it is recorded",
+    "dynamic_shape": "an op whose output shape depends on the data (nonzero, masked_select)",
+    "not_fusible": "an op the compiler cannot put in a graph",
+    "stream_change": "work moved to another stream",
+    "size_cap": "the graph reached its size limit (1024 ops)",
+    "hazard": "the host wrote memory the recorded ops read (a copy from the CPU, an alias)",
+    "queue_drained": "the device ran out of work while a long graph was being recorded",
+    "collective": "a collective (torch.distributed)",
+    "sparse": "a sparse op (never recorded)",
+    "compiled_region": "a torch.compile'd region started",
+    "profile": "a profile block started or ended",
+}
+MAX_ROWS = 25  # the table's longest; to_json() has every row
+NO_USER_LINE = "<unknown>"  # autograd's backward runs on its own thread: no line of yours
+
+_cuts: Counter[tuple[str, str, str, int, str]] = Counter()
+
+
+def note_cut(reason: str, last_op: str) -> None:
+    """A recorded graph was cut here (adaptive mode)."""
+    path, line, function = user_frame()
+    _cuts[(reason, last_op, path, line, function)] += 1
+
+
+def reset() -> None:
+    _cuts.clear()
+
+
+@dataclass
+class Report:
+    cuts: list[dict[str, Any]] = field(default_factory=list)
+    graph_breaks: list[dict[str, Any]] = field(default_factory=list)
+    compiled: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cuts": self.cuts, "graph_breaks": self.graph_breaks, "compiled": self.compiled}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Report:
+        return Report(data["cuts"], data["graph_breaks"], data["compiled"])
+
+    def __str__(self) -> str:
+        lines = [f"adaptive mode: {sum(c['count'] for c in self.cuts)} graph cuts"]
+        if self.cuts:
+            lines.append(f"  {'count':>6}  {'reason':<14} {'graph ended with':<30} where")
+            for c in self.cuts[:MAX_ROWS]:
+                where = (
+                    "in backward (autograd's thread: no line of yours)"
+                    if c["where"].startswith(NO_USER_LINE)
+                    else f"{c['where']} ({c['function']})"
+                )
+                lines.append(f"  {c['count']:>6}  {c['reason']:<14} {c['op']:<30} {where}")
+            if len(self.cuts) > MAX_ROWS:
+                lines.append(f"  ... {len(self.cuts) - MAX_ROWS} more places (to_json() has all)")
+            for reason in sorted({c["reason"] for c in self.cuts}):
+                lines.append(f"  {reason}: {REASONS.get(reason, reason)}")
+        lines.append(f"compiled mode: {sum(b['count'] for b in self.graph_breaks)} graph breaks")
+        for b in self.graph_breaks:
+            lines.append(f"  {b['count']:>6}  {b['reason']}")
+        for item in self.compiled:
+            if "function" in item:
+                lines.append(
+                    f"  recompiled {item['function']} at {item['where']} {item['recompiles']} "
+                    f"times: {'; '.join(item['reasons'][:3])}"
+                )
+            else:
+                kind, text = next(iter(item.items()))
+                lines.append(f"  {kind.replace('_', ' ')}: {text}")
+        return "\n".join(lines)
+
+
+def _graph_breaks() -> list[dict[str, Any]]:
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return []
+    breaks: Counter[str] = dynamo.counters.get("graph_break", Counter())
+    return [{"reason": r.splitlines()[0][:200], "count": n} for r, n in breaks.most_common()]
+
+
+def explain() -> Report:
+    from trnsim.client import runtime
+
+    runtime.get().flush("sync")
+    cuts = [
+        {"reason": r, "op": op, "where": f"{path}:{line}", "function": fn, "count": n}
+        for (r, op, path, line, fn), n in _cuts.most_common()
+    ]
+    compiled: list[dict[str, Any]] = []
+    if "trnsim.client.compiled" in sys.modules:
+        from trnsim.client import compiled as compiled_mode
+
+        compiled = compiled_mode.explain()
+    return Report(cuts, _graph_breaks(), compiled)
+
+
+def write_at_exit() -> None:
+    """NEURON_EXPLAIN=FILE: the report is written there when the process exits."""
+    path = env.explain_path()
+    if path:
+        atexit.register(_write, Path(path))
+
+
+def _write(path: Path) -> None:
+    path.write_text(json.dumps(explain().to_json(), indent=1) + "\n")
+    print(f"trnsim: explanations written to {path} (trnsim explain {path})", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`trnsim explain FILE`: the report NEURON_EXPLAIN wrote."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="trnsim explain",
+        description="Prints the report NEURON_EXPLAIN=FILE wrote at a run's exit: adaptive "
+        "mode's graph cuts at your lines, compiled mode's graph breaks and recompiles.",
+    )
+    p.add_argument("file", help="a report NEURON_EXPLAIN=FILE wrote")
+    args = p.parse_args(argv)
+    try:
+        report = Report.from_json(json.loads(Path(args.file).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: {args.file} is not an explain report ({e})", file=sys.stderr)
+        return 2
+    print(report)
+    return 0
