@@ -66,11 +66,16 @@ def launch_events(
         }
     ]
     body = start_ns + overhead_ns
+    credit = _dma_credit(exe)
     for ins in exe.instructions:
         if not ins.duration_ns:
             continue
         engine = executable_pb2.Engine.Name(ins.engine).lower()
         names = [op.op for op in ins.ops]
+        served = credit.get(ins.id)
+        if not names and served is not None:  # a DMA: named after the op it serves
+            names = [f"{op.op} ({engine})" for op in served.ops]
+            ins = _with_nodes(ins, served)
         events.append(
             {
                 "name": "+".join(dict.fromkeys(names)) if names else engine,
@@ -91,6 +96,38 @@ def launch_events(
             }
         )
     return events
+
+
+def _dma_credit(exe: executable_pb2.Executable) -> dict[int, executable_pb2.Instruction]:
+    """For each instruction computing no op (a DMA): the instruction whose data it moves. A
+    load serves the first instruction that waits for it; a store, the one that made what it
+    writes. Its time is then credited to that op and its source line."""
+    by_id = {ins.id: ins for ins in exe.instructions}
+    consumers: dict[int, list[executable_pb2.Instruction]] = defaultdict(list)
+    for ins in exe.instructions:
+        for dep in ins.deps:
+            consumers[dep.instruction].append(ins)
+    credit: dict[int, executable_pb2.Instruction] = {}
+    for ins in exe.instructions:
+        if ins.nodes:
+            continue
+        served = next((c for c in consumers.get(ins.id, []) if c.nodes), None)
+        if served is None:
+            producers = (by_id.get(d.instruction) for d in ins.deps)
+            served = next((p for p in producers if p is not None and p.nodes), None)
+        if served is not None:
+            credit[ins.id] = served
+    return credit
+
+
+def _with_nodes(
+    ins: executable_pb2.Instruction, served: executable_pb2.Instruction
+) -> executable_pb2.Instruction:
+    """The instruction with the nodes of the one it serves (for its source line)."""
+    out = executable_pb2.Instruction()
+    out.CopyFrom(ins)
+    out.nodes.extend(served.nodes)
+    return out
 
 
 def engine_launch_events(

@@ -156,3 +156,24 @@ def test_each_rank_writes_its_own_trace(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("RANK", "3")
     assert profiler.trace_path("/t/p.json") == "/t/p-rank3.json"
     assert profiler.trace_path("/t/p{rank}.json") == "/t/p3.json"
+
+
+def _two_lines(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = (x @ w).relu()  # matmul line
+    return (y * 3).sum(dim=1)  # reduce line
+
+
+def test_dma_time_is_credited_to_the_op_and_line_that_needed_the_data() -> None:
+    x, w = torch.randn(64, 64, device="neuron"), torch.randn(64, 64, device="neuron")
+    f = torch.compile(_two_lines, backend="neuron")
+    f(x, w)  # compiled: one graph, one launch
+    with torch.neuron.profile() as prof:
+        f(x, w)
+    dma = [e for e in _instructions(prof.events) if e["tid"] == "dma"]
+    assert dma, "a fused graph loads its inputs and stores its outputs"
+    assert all(str(e["name"]).endswith("(dma)") and "aten::" in str(e["name"]) for e in dma)
+    sources = {e["args"]["source"] for e in dma}  # type: ignore[index]
+    assert (
+        sources <= {_line("matmul line"), _line("reduce line")} and _line("matmul line") in sources
+    )
+    assert "\n-   " not in prof.summary(), "no engine time without a source line"
