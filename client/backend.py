@@ -315,9 +315,10 @@ def register() -> None:
     )
 
     ties.install()  # .to("neuron") keeps tied weights tied
-    from trnsim.client import accelerator
+    from trnsim.client import accelerator, neuronx
 
     accelerator.install()  # torch.accelerator.synchronize() etc. reach torch.neuron
+    neuronx.install()  # accelerate and transformers find the neuron device (a stand-in)
     from trnsim.client import pinned
 
     pinned.install()  # tensor.pin_memory(), DataLoader(pin_memory=True)

@@ -103,8 +103,20 @@ def _refuse_ddp_used_map() -> None:
                 f"reducer copies its map of used parameters through pinned host memory, which "
                 f"only a C++ device backend can allocate. Let every parameter take part in each "
                 f"step's loss, or freeze the ones a step leaves out (requires_grad_(False)), "
-                f"and construct DDP without it"
+                f"and construct DDP without it (transformers.Trainer: "
+                f"TrainingArguments(ddp_find_unused_parameters=False))"
             )
+        device_ids = bound.get("device_ids")
+        if (
+            device_ids
+            and module is not None
+            and any(p.device.type == NAME for p in module.parameters())
+        ):
+            # accelerate passes device_ids=[local rank]: here the one core of this process,
+            # neuron:0 in it. DDP over a module on one device takes none.
+            kwargs.pop("device_ids", None)
+            kwargs.pop("output_device", None)
+            args = tuple(None if i in (1, 2) else a for i, a in enumerate(args))
         original(self, *args, **kwargs)
 
     __init__.neuron = True  # type: ignore[attr-defined]

@@ -10,6 +10,10 @@ the data is swapped in place; here the slots that held one object before the con
 are given one object after it (the first converted copy). No PyTorch flag changes: a
 conversion that already kept the ties is left exactly as it was.
 
+A parameter moved to or from neuron also stays the same Python object, as on CUDA: the
+converted contents are swapped into it, so an optimizer built before `model.to("neuron")`
+(or by accelerate before `prepare`) steps the parameters the model uses.
+
 The same swap keeps a lazy module's UninitializedParameter (and UninitializedBuffer) what it
 is on CUDA: converted, still uninitialized, materialised with its real shape on the first
 forward. A new plain Parameter around the converted empty tensor would instead look
@@ -69,6 +73,34 @@ def _keep_uninitialized(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
         )
 
 
+def _keep_identity(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
+    """A parameter converted to or from neuron stays the same Python object, as on CUDA
+    (where its data is swapped in place): the converted tensor's contents are swapped into
+    it (torch.utils.swap_tensors). An optimizer made before `model.to("neuron")`, or
+    accelerate preparing one, then updates the parameters the model uses."""
+    from torch.nn.parameter import UninitializedParameter
+
+    kept: dict[int, Any] = {}
+    for table, name, before in slots:
+        now = table.get(name)
+        if (
+            now is None
+            or now is before
+            or type(now) is not type(before)
+            or not isinstance(before, torch.nn.Parameter)
+            or isinstance(before, UninitializedParameter)
+            or "neuron" not in (before.device.type, now.device.type)
+        ):
+            continue
+        if id(before) not in kept:
+            try:
+                torch.utils.swap_tensors(before, now)
+            except RuntimeError:  # (someone else holds its autograd state): a new object
+                continue
+            kept[id(before)] = before
+        table[name] = kept[id(before)]
+
+
 def _same_kind(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a.device == b.device and a.dtype == b.dtype
 
@@ -86,6 +118,7 @@ def keep_ties(real_apply: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _state.inside = False
         _keep_uninitialized(slots)
+        _keep_identity(slots)
         _retie(slots)
         return result
 
