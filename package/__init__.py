@@ -28,21 +28,19 @@ def commit() -> str:
     """The git commit of the source tree this package runs from ("+dirty" with uncommitted
     changes), or "unknown" outside a git checkout (an installed wheel)."""
     source = Path(__file__).resolve().parent  # the checkout's package/, through the links
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(source), *args],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "--short=10", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
+        head = git("rev-parse", "--short=10", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}+dirty" if dirty else head
