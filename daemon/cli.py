@@ -300,18 +300,39 @@ def parser() -> argparse.ArgumentParser:
         d.add_argument(
             "--idle-exit", type=float, help="exit after this many idle seconds with no client"
         )
-        d.add_argument("--memory-cache-mb", type=int)
-        d.add_argument("--disk-cache-mb", type=int)
+        d.add_argument(
+            "--memory-cache-mb", type=int, help="the memory tier's size in MiB (default 256)"
+        )
+        d.add_argument(
+            "--disk-cache-mb", type=int, help="the disk tier's size in MiB (default 4096)"
+        )
         d.add_argument("--compile-timeout", type=float, help="seconds before a compile is killed")
-        d.add_argument("--system", action="store_true", default=argparse.SUPPRESS)
+        d.add_argument(
+            "--system",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="the system-wide daemon's socket and cache (systemd: deploy/systemd)",
+        )
     for name in ("stop", "status"):
-        d = dsub.add_parser(name)
-        d.add_argument("--address", default=argparse.SUPPRESS)
+        d = dsub.add_parser(
+            name,
+            help="stop the daemon (it drains first)"
+            if name == "stop"
+            else "is a daemon running: pid, compiler version, cache, uptime (exit 3 if not)",
+        )
+        d.add_argument(
+            "--address", default=argparse.SUPPRESS, help="unix:/path/to.sock or host:port"
+        )
     stats = sub.add_parser("stats", help="the daemon's counters")
-    stats.add_argument("--json", action="store_true")
+    stats.add_argument("--json", action="store_true", help="the counters as JSON")
     cache = sub.add_parser("cache", help="the on-disk executable cache")
     cache.add_argument("--cache-dir", help=f"default {default_cache_dir()}")
-    cache.add_argument("cache_command", choices=["ls", "verify", "prune", "clear"])
+    cache.add_argument(
+        "cache_command",
+        choices=["ls", "verify", "prune", "clear"],
+        help="ls: every entry; verify: check digests, delete corrupt entries; prune: expired "
+        "entries and other compiler versions; clear: everything",
+    )
     profile = sub.add_parser("profile", help="the table of a profile (NEURON_PROFILE=FILE)")
     profile.add_argument("file", help="a trace written by NEURON_PROFILE or torch.neuron.profile")
     profile.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
