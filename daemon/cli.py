@@ -1,6 +1,7 @@
 """The `trnsim` command: daemon serve|start|stop|status, stats, cache ls|verify|prune|clear,
-profile FILE (a profile's table), doctor (is this host ready), registry test|stats and
-record (the shape registry, client/registry.py), --version."""
+precompile MANIFEST (compile ahead what runs recorded), profile FILE (a profile's table),
+doctor (is this host ready), explain FILE (why: cuts, breaks), registry test|stats and
+record (the shape registry), --version."""
 
 from __future__ import annotations
 
