@@ -93,10 +93,12 @@ def _keep_identity(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
         ):
             continue
         if id(before) not in kept:
+            attributes = dict(before.__dict__)  # (swap_tensors swaps them too; CUDA keeps them)
             try:
                 torch.utils.swap_tensors(before, now)
             except RuntimeError:  # (someone else holds its autograd state): a new object
                 continue
+            before.__dict__.update(attributes)
             kept[id(before)] = before
         table[name] = kept[id(before)]
 

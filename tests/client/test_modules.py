@@ -154,3 +154,18 @@ def test_lazy_module_under_compile() -> None:
     got = torch.compile(module, backend="neuron")(x.to("neuron"))
     torch.testing.assert_close(got.cpu(), expected)
     assert module.weight.shape == (4, 3, 3) and module.weight.device.type == "neuron"
+
+
+def test_a_parameter_moved_to_neuron_stays_the_object_an_optimizer_holds():
+    model = torch.nn.Linear(4, 2)
+    model.weight.tag = "mine"  # attributes stay, as CUDA's in-place data swap keeps them
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)  # before the move, as many scripts do
+    ids = [id(p) for p in model.parameters()]
+    model.to("neuron")
+    assert [id(p) for p in model.parameters()] == ids and model.weight.tag == "mine"
+    before = model.weight.detach().cpu().clone()
+    model(torch.ones(3, 4, device="neuron")).sum().backward()
+    opt.step()
+    assert not torch.equal(model.weight.detach().cpu(), before), "the optimizer stepped it"
+    model.to("cpu")
+    assert [id(p) for p in model.parameters()] == ids and model.weight.device.type == "cpu"
