@@ -94,7 +94,9 @@ class Runtime:
         self.fused_options = executable_pb2.CompileOptions(opt_level=2)  # recorded graphs
         self.signatures: dict[tuple[Any, ...], Entry] = {}
         self.executables: dict[str, execute.LoadedExecutable] = {}
-        self._background_compiles = 0  # submitted and not finished (progress lines name them)
+        # Background compiles submitted and not finished (progress lines count them): a set,
+        # as their callbacks run on the compile thread.
+        self._background: set[Future[executable_pb2.Executable]] = set()
         self.generator = torch.Generator()
         self.generator.manual_seed(DEFAULT_SEED)
         self.stream = 0
@@ -270,7 +272,7 @@ class Runtime:
         )
         try:
             proto = to_proto(graph)
-            with progress.compile_wait(what, lambda: self._background_compiles) as done:
+            with progress.compile_wait(what, lambda: len(self._background)) as done:
                 exe = self.compiler.compile(proto, self.target.name, options, debug)
                 done(exe.modelled_compile_seconds)
         except CompileError as e:
@@ -311,12 +313,9 @@ class Runtime:
         if self.graph_log is not None:
             key = cache_key(graph, self.target, self.fused_options).digest
             self._log_graph(key, proto, debug, self.fused_options)
-        self._background_compiles += 1
-        future.add_done_callback(self._background_done)
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
         return future
-
-    def _background_done(self, future: Future[executable_pb2.Executable]) -> None:
-        self._background_compiles -= 1
 
     @property
     def compiles_shared(self) -> bool:
