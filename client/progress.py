@@ -42,6 +42,36 @@ def configure() -> None:
         log.propagate = False
 
 
+class _Wait:
+    def __init__(self, what: str, others: Callable[[], int]) -> None:
+        self.what, self.others = what, others
+        self.start = time.monotonic()
+        self.announced_at: float | None = None
+
+
+_waits: dict[int, _Wait] = {}  # thread id -> its blocking compile (one at a time per thread)
+_watcher: list[threading.Thread] = []
+WATCH_EVERY_S = 0.25
+
+
+def _watch() -> None:
+    """One thread for the process: announces the blocking compiles that last."""
+    while True:
+        time.sleep(WATCH_EVERY_S)
+        now = time.monotonic()
+        for wait in list(_waits.values()):
+            due = (
+                PROGRESS_AFTER_S
+                if wait.announced_at is None
+                else wait.announced_at - wait.start + REPEAT_EVERY_S
+            )
+            if now - wait.start >= due:
+                wait.announced_at = now
+                more = wait.others()
+                tail = f"; {more} more compiling in the background" if more else ""
+                log.info("compiling %s: waiting %.0f s so far%s", wait.what, now - wait.start, tail)
+
+
 @contextmanager
 def compile_wait(what: str, others: Callable[[], int]) -> Iterator[Callable[[float], None]]:
     """Around a blocking compile: announces it if it lasts. Yields done(modelled_seconds),
@@ -50,27 +80,17 @@ def compile_wait(what: str, others: Callable[[], int]) -> Iterator[Callable[[flo
     if not env.announces_progress() or not log.isEnabledFor(logging.INFO):
         yield lambda modelled: None
         return
-    start = time.monotonic()
-    finished = threading.Event()
-    announced: list[bool] = []
-
-    def announce() -> None:
-        waited = PROGRESS_AFTER_S
-        while not finished.wait(waited if not announced else REPEAT_EVERY_S):
-            elapsed = time.monotonic() - start
-            more = others()
-            tail = f"; {more} more compiling in the background" if more else ""
-            log.info("compiling %s: waiting %.0f s so far%s", what, elapsed, tail)
-            announced.append(True)
-
-    thread = threading.Thread(target=announce, name="trnsim-progress", daemon=True)
-    thread.start()
+    if not _watcher:
+        _watcher.append(threading.Thread(target=_watch, name="trnsim-progress", daemon=True))
+        _watcher[0].start()
+    wait = _Wait(what, others)
+    me = threading.get_ident()
+    _waits[me] = wait
     result: list[float] = []
     try:
         yield result.append
     finally:
-        finished.set()
-        thread.join()
-        if announced:
+        _waits.pop(me, None)
+        if wait.announced_at is not None:
             modelled = f", modelled {result[0]:.1f} s on the chip's compiler" if result else ""
-            log.info("compiled %s in %.1f s%s", what, time.monotonic() - start, modelled)
+            log.info("compiled %s in %.1f s%s", what, time.monotonic() - wait.start, modelled)
