@@ -74,38 +74,57 @@ _VALIDATORS: dict[str, Callable[[], object]] = {
 }
 
 
-def check_variables() -> list[dict[str, Any]]:
-    checks = []
-    for name in sorted(k for k in os.environ if k.startswith("NEURON_")):
-        value = os.environ[name]
-        if name not in KNOWN:
-            near = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.8)
-            if near:
-                checks.append(
-                    _check(
-                        name,
-                        False,
-                        f"{name}={value!r} is not a trnsim variable",
-                        f"did you mean {near[0]}? rename it (trnsim ignores {name})",
-                    )
-                )
-            else:
-                checks.append(_check(name, True, f"{name}={value!r} (not read by trnsim)"))
-            continue
-        validate = _VALIDATORS.get(name)
-        try:
-            if validate is not None:
-                validate()
-        except (env.ConfigError, ValueError) as e:
-            checks.append(_check(name, False, str(e), "set a value the message names, or unset it"))
-            continue
-        checks.append(_check(name, True, f"{name}={value!r}"))
-    return checks
+# Prefixes of the Neuron SDK's own variables (runtime, compiler, frameworks): not typos of
+# trnsim's, whatever they look like.
+SDK_PREFIXES = ("NEURON_RT_", "NEURON_CC_", "NEURON_FRAMEWORK_", "NEURON_COMPILE_CACHE_")
+
+
+def user_variables() -> dict[str, str]:
+    """The NEURON_* variables to check: the user's, as `trnsim doctor` handed them over
+    (this process runs with the daemon off and no output files), else this environment's."""
+    handed = os.environ.get("TRNSIM_DOCTOR_VARIABLES")
+    if handed is not None:
+        return dict(json.loads(handed))
+    return {k: v for k, v in os.environ.items() if k.startswith("NEURON_")}
+
+
+def check_variables(variables: dict[str, str]) -> list[dict[str, Any]]:
+    """Each variable checked by the runtime's own reader, with the user's values in place."""
+    saved = dict(os.environ)
+    os.environ.update(variables)
+    try:
+        return [_check_variable(name, variables[name]) for name in sorted(variables)]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _check_variable(name: str, value: str) -> dict[str, Any]:
+    if name not in KNOWN and not name.startswith(SDK_PREFIXES):
+        near = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.8)
+        if near:
+            return _check(
+                name,
+                False,
+                f"{name}={value!r} is not a trnsim variable",
+                f"did you mean {near[0]}? rename it (trnsim ignores {name})",
+            )
+    if name not in KNOWN:
+        return _check(name, True, f"{name}={value!r} (not read by trnsim)")
+    validate = _VALIDATORS.get(name)
+    try:
+        if validate is not None:
+            validate()
+    except (env.ConfigError, ValueError) as e:
+        return _check(name, False, str(e), "set a value the message names, or unset it")
+    return _check(name, True, f"{name}={value!r}")
 
 
 def main() -> int:
-    checks = [check_torch(), check_device(), *check_variables()]
-    checks.append(_check("compile daemon setting", True, env.compile_daemon()))
+    variables = user_variables()
+    checks = [check_torch(), check_device(), *check_variables(variables)]
+    setting = variables.get(env.NEURON_COMPILE_DAEMON, "auto").strip() or "auto"
+    checks.append(_check("compile daemon setting", True, setting))
     for c in checks:
         print(json.dumps(c))
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -45,8 +46,13 @@ NO_USER_LINE = "<unknown>"  # autograd's backward runs on its own thread: no lin
 _cuts: Counter[tuple[str, str, str, int, str]] = Counter()
 
 
+_quiet: list[bool] = []  # explain() flushing for itself: not a cut of the user's
+
+
 def note_cut(reason: str, last_op: str) -> None:
     """A recorded graph was cut here (adaptive mode)."""
+    if _quiet:
+        return
     path, line, function = user_frame()
     _cuts[(reason, last_op, path, line, function)] += 1
 
@@ -109,7 +115,11 @@ def _graph_breaks() -> list[dict[str, Any]]:
 def explain() -> Report:
     from trnsim.client import runtime
 
-    runtime.get().flush("sync")
+    _quiet.append(True)
+    try:
+        runtime.get().flush("sync")
+    finally:
+        _quiet.clear()
     cuts = [
         {"reason": r, "op": op, "where": f"{path}:{line}", "function": fn, "count": n}
         for (r, op, path, line, fn), n in _cuts.most_common()
@@ -123,14 +133,24 @@ def explain() -> Report:
 
 
 def write_at_exit() -> None:
-    """NEURON_EXPLAIN=FILE: the report is written there when the process exits."""
+    """NEURON_EXPLAIN=FILE: the report is written there when the process exits, if it used
+    the device (under torchrun each rank its own file, as NEURON_PROFILE's: "{rank}" in the
+    name, or "-rank<N>" added)."""
     path = env.explain_path()
     if path:
-        atexit.register(_write, Path(path))
+        from trnsim.client.profiler import trace_path
+
+        atexit.register(_write, Path(trace_path(path)))
 
 
 def _write(path: Path) -> None:
-    path.write_text(json.dumps(explain().to_json(), indent=1) + "\n")
+    from trnsim.client import runtime
+
+    if not runtime.initialized():  # (a process that never used the device: nothing to say)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(explain().to_json(), indent=1) + "\n")
+    tmp.replace(path)
     print(f"trnsim: explanations written to {path} (trnsim explain {path})", file=sys.stderr)
 
 

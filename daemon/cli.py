@@ -368,15 +368,19 @@ def parser() -> argparse.ArgumentParser:
 # Subcommands that run PyTorch: the daemon never imports torch, so they are run as
 # `python -m trnsim.client.registry ...` in a process of their own.
 _TORCH_COMMANDS = ("registry", "record", "explain")
+# Files a run writes at its exit (the client's variables): never for a command of ours.
+RUN_OUTPUTS = ("NEURON_EXPLAIN", "NEURON_PROFILE", "NEURON_RECORD_GRAPHS", "NEURON_RECORD_SHAPES")
 
 
 def _run_torch_command(argv: list[str]) -> int:
+    # What a run writes at exit must not be rewritten by these commands' own processes.
+    quiet = {k: v for k, v in os.environ.items() if k not in RUN_OUTPUTS}
     if argv[0] == "explain":  # (imported with the device: not run as -m)
         code = "import sys; from trnsim.client.explain import main; sys.exit(main(sys.argv[1:]))"
-        return subprocess.call([sys.executable, "-c", code, *argv[1:]])
+        return subprocess.call([sys.executable, "-c", code, *argv[1:]], env=quiet)
     rest = argv[1:] if argv[0] == "registry" else argv
     command = [sys.executable, "-m", "trnsim.client.registry", *rest]
-    return subprocess.call(command)
+    return subprocess.call(command, env=quiet if argv[0] != "record" else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,11 @@ class Check:
 
 def torch_checks() -> tuple[list[Check], str]:
     """The client probe's checks, and the NEURON_COMPILE_DAEMON setting it read."""
+    # The probe runs an op: it must start no daemon and write none of a run's files. The
+    # variables it checks are the user's, handed over apart.
+    variables = {k: v for k, v in os.environ.items() if k.startswith("NEURON_")}
+    probe_env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
+    probe_env.update(NEURON_COMPILE_DAEMON="off", TRNSIM_DOCTOR_VARIABLES=json.dumps(variables))
     try:
         out = subprocess.run(
             [sys.executable, "-m", "trnsim.client.doctor"],
@@ -42,6 +47,7 @@ def torch_checks() -> tuple[list[Check], str]:
             text=True,
             timeout=300,
             check=False,
+            env=probe_env,
         )
     except subprocess.TimeoutExpired:
         return [

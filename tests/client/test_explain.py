@@ -46,11 +46,14 @@ def test_neuron_explain_writes_the_report_that_trnsim_explain_prints(tmp_path):
     subprocess.run([sys.executable, "-c", program], env=env, check=True, capture_output=True)
     cuts = json.loads(path.read_text())["cuts"]
     assert any(c["where"] == "<string>:5" and c["reason"] == "sync" for c in cuts)
+    written = path.read_text()
     out = subprocess.run(
         [sys.executable, "-m", "trnsim.daemon.cli", "explain", str(path)],
         capture_output=True,
         text=True,
         check=True,
+        env=env,  # NEURON_EXPLAIN still set, as in the shell that ran the program
     )
     assert out.stdout.startswith("adaptive mode:") and "<string>:5" in out.stdout
+    assert path.read_text() == written, "printing the report does not rewrite it"
     assert "RuntimeWarning" not in out.stderr

@@ -13,12 +13,14 @@ def test_doctor_fails_on_a_cache_directory_open_to_others_and_a_misspelt_variabl
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o755)
     os.chmod(cache, 0o755)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "NEURON_COMPILE_DAEMON"},  # auto
         "NEURON_CACHE_DIR": str(cache),
-        "NEURON_COMPILE_DAEMON": "off",
         "NEURON_EAGR": "adaptive",
-        "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+        "NEURON_RECORD_GRAPHS": str(tmp_path / "run.graphs"),  # a run's output, not ours
+        "XDG_RUNTIME_DIR": str(run),
     }
     out = subprocess.run(
         [*TRNSIM, "doctor"], env=env, capture_output=True, text=True, timeout=300, check=False
@@ -27,7 +29,9 @@ def test_doctor_fails_on_a_cache_directory_open_to_others_and_a_misspelt_variabl
     assert out.returncode == 1, out.stdout + out.stderr
     assert any(line.startswith("ok    torch: torch 2.13.0") for line in lines)
     assert any(line.startswith("ok    device: simulated") for line in lines)
-    assert any(line.startswith("ok    daemon: NEURON_COMPILE_DAEMON=off") for line in lines)
+    assert any(line.startswith("ok    daemon: none running on unix:") for line in lines)
+    assert not (run / "trnsim" / "compiler.sock").exists(), "the doctor starts no daemon"
+    assert not (tmp_path / "run.graphs").exists(), "nor writes a run's files"
     failed = {
         line.split(":")[0].removeprefix("FAIL  ") for line in lines if line.startswith("FAIL")
     }
