@@ -4,6 +4,7 @@ ops in float32, following CUDA's autocast op lists."""
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import torch
@@ -149,11 +150,15 @@ def _overloads(name: str) -> list[tuple[str, Any]]:
     return out
 
 
+_thread = threading.local()
+
+
 def _default_bfloat16() -> None:
     """torch.autocast("neuron") without a dtype means bfloat16, the NeuronCore's native type
     (PyTorch's per-thread default for PrivateUse1 is float16, and no backend hook sets it):
     set for this thread, and for autocast regions entered on any other thread."""
     torch.set_autocast_dtype("neuron", torch.bfloat16)
+    _thread.defaulted = True
     autocast = torch.amp.autocast_mode.autocast
     original = autocast.__init__
 
@@ -165,8 +170,12 @@ def _default_bfloat16() -> None:
         enabled: bool = True,
         cache_enabled: bool | None = None,
     ) -> None:
-        if dtype is None and device_type == "neuron":
-            dtype = torch.bfloat16
+        # A thread's first autocast on neuron finds PyTorch's per-thread default (float16)
+        # unless its program set one: bfloat16 then, once; torch.set_autocast_dtype wins.
+        if device_type == "neuron" and not getattr(_thread, "defaulted", False):
+            _thread.defaulted = True
+            if torch.get_autocast_dtype("neuron") == torch.float16:
+                torch.set_autocast_dtype("neuron", torch.bfloat16)
         original(self, device_type, dtype, enabled, cache_enabled)
 
     autocast.__init__ = __init__  # type: ignore[method-assign]

@@ -32,8 +32,8 @@ def configure() -> None:
     the `trnsim` logger one of its own."""
     if _configured:
         return
+    level = env.log_level()  # (a bad value raises before anything is set up)
     _configured.append(True)
-    level = env.log_level()
     log.setLevel(logging.CRITICAL + 1 if level == "off" else getattr(logging, level.upper()))
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)

@@ -132,15 +132,17 @@ class Runtime:
     def _write_manifest(self) -> None:
         from trnsim.compiler import manifest
 
-        if self.graph_log:
+        graphs = dict(self.graph_log or {})  # (a background compile may still add one)
+        if graphs:
             path = Path(env.record_graphs())
-            n = manifest.merge_into(path, self.graph_log)
+            n = manifest.merge_into(path, graphs)
             print(
-                f"trnsim: {len(self.graph_log)} graphs of this run in {path} ({n} in all); "
+                f"trnsim: {len(graphs)} graphs of this run in {path} ({n} in all); "
                 f"compile them ahead with: trnsim precompile {path}",
                 file=sys.stderr,
             )
-            self.graph_log.clear()
+            for key in graphs:
+                self.graph_log.pop(key, None)  # type: ignore[union-attr]  # (graphs: not None)
 
     def _log_graph(
         self,
@@ -310,9 +312,16 @@ class Runtime:
         waits for it; the future holds the executable, or the compile's error."""
         proto = to_proto(graph)
         future = self.compiler.compile_async(proto, self.target.name, self.fused_options, debug)
-        if self.graph_log is not None:
+        if self.graph_log is not None:  # (still compiling at exit: precompile finishes it)
             key = cache_key(graph, self.target, self.fused_options).digest
             self._log_graph(key, proto, debug, self.fused_options)
+            log = self.graph_log
+
+            def drop_if_refused(f: Future[executable_pb2.Executable]) -> None:
+                if f.cancelled() or f.exception() is not None:  # not one to compile again
+                    log.pop(key, None)
+
+            future.add_done_callback(drop_if_refused)
         self._background.add(future)
         future.add_done_callback(self._background.discard)
         return future

@@ -23,6 +23,7 @@ initialized with 0 elements, and the first forward would fail on its shape.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -96,7 +97,14 @@ def _keep_identity(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
             attributes = dict(before.__dict__)  # (swap_tensors swaps them too; CUDA keeps them)
             try:
                 torch.utils.swap_tensors(before, now)
-            except RuntimeError:  # (someone else holds its autograd state): a new object
+            except RuntimeError as e:  # (someone holds its autograd state): a new object
+                warnings.warn(
+                    f"trnsim: parameter {name!r} moved to {now.device} as a new object "
+                    f"({e}); an optimizer built before the move still holds the old one: "
+                    f"build it after .to()",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
                 continue
             before.__dict__.update(attributes)
             kept[id(before)] = before

@@ -39,6 +39,9 @@ def commit() -> str:
         ).stdout.strip()
 
     try:
+        top = Path(git("rev-parse", "--show-toplevel"))
+        if not (top / "package" / "__init__.py").is_file():  # another project's checkout
+            return "unknown"
         head = git("rev-parse", "--short=10", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):

@@ -111,12 +111,14 @@ def _dma_credit(exe: executable_pb2.Executable) -> dict[int, executable_pb2.Inst
     for ins in exe.instructions:
         if ins.nodes:
             continue
-        served = next((c for c in consumers.get(ins.id, []) if c.nodes), None)
-        if served is None:
-            producers = (by_id.get(d.instruction) for d in ins.deps)
-            served = next((p for p in producers if p is not None and p.nodes), None)
-        if served is not None:
-            credit[ins.id] = served
+        readers = [c for c in consumers.get(ins.id, []) if c.nodes]
+        makers = [p for p in (by_id.get(d.instruction) for d in ins.deps) if p and p.nodes]
+        # A store (and a copy) serves what made its data; a load, the first that reads it.
+        first, then = (
+            (makers, readers) if ins.klass != executable_pb2.DMA_LOAD else (readers, makers)
+        )
+        if first or then:
+            credit[ins.id] = (first or then)[0]
     return credit
 
 

@@ -93,6 +93,12 @@ def test_autocast_without_a_dtype_is_bfloat16_on_every_thread():
     assert seen == [torch.bfloat16]
     with torch.autocast("neuron", dtype=torch.float16):
         assert (a @ a).dtype == torch.float16, "an explicit dtype still wins"
+    torch.set_autocast_dtype("neuron", torch.float16)
+    try:
+        with torch.autocast("neuron"):
+            assert (a @ a).dtype == torch.float16, "so does torch.set_autocast_dtype"
+    finally:
+        torch.set_autocast_dtype("neuron", torch.bfloat16)
 
 
 def test_inductor_on_neuron_tensors_names_the_neuron_backend():
