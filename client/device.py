@@ -287,9 +287,10 @@ _busy_mark: dict[str, int] = {}
 def utilization(device: Any = None) -> int:
     """Percent of the simulated time since the last call (or since the runtime started)
     during which the core's queues were running work (torch.cuda.utilization's meaning,
-    on the simulated clock: deterministic)."""
+    on the simulated clock: deterministic). Busy time is summed over streams, so work
+    overlapping on several streams counts more than once (capped at 100)."""
     _check_index(device)
-    timeline = runtime.get().timeline
+    timeline = _flushed().timeline
     busy, now = timeline.device_busy_ns(), timeline.now_ns()
     last_busy, last_now = _busy_mark.get("busy", 0), _busy_mark.get("now", 0)
     if busy < last_busy or now < last_now:  # reset_metrics() or a new runtime

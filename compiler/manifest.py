@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -70,20 +71,27 @@ def read(path: Path) -> dict[str, svc.CompileRequest]:
 
 
 def write(path: Path, requests: Iterable[svc.CompileRequest]) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        for r in requests:
-            data = r.SerializeToString(deterministic=True)
-            f.write(_LENGTH.pack(len(data)))
-            f.write(data)
-    os.replace(tmp, path)
+    """Written whole to a new file of our own beside it (never through a link someone placed
+    there), then renamed over it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for r in requests:
+                data = r.SerializeToString(deterministic=True)
+                f.write(_LENGTH.pack(len(data)))
+                f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def merge_into(path: Path, requests: dict[str, svc.CompileRequest]) -> int:
     """Adds requests to the manifest at path (made if missing); processes take turns on a
     lock file beside it. Returns how many graphs the manifest holds after."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         merged = read(path) if path.exists() else {}
         for key, r in requests.items():
