@@ -22,7 +22,7 @@ from trnsim.compiler import manifest
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
-LOOKUP_BATCH = 256
+LOOKUP_BATCH = 64  # (a found entry comes with its executable: bounded answers)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # the daemon's own send limit
 
 
