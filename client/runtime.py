@@ -381,14 +381,7 @@ class Runtime:
         `where`: the source line of each node of the graph it was compiled from (for the
         profiler; default: the caller's line)."""
         timeline = self.timeline
-        if host_ns is not None:
-            cost = host_ns
-        elif self.measured_host:
-            now = time.perf_counter_ns()
-            cost, self._host_mark = now - self._host_mark, now
-        else:
-            cost = self.dispatch_ns
-        timeline.host_work(cost)
+        timeline.host_work(host_ns if host_ns is not None else self._dispatch_cost())
         if loaded.modelled_ns:
             start = timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
@@ -396,6 +389,29 @@ class Runtime:
                 sources = where() if where is not None else [user_frame()]
                 overhead = self.target.launch_overhead_ns
                 self.profiler.launch(loaded, start, overhead, self.stream, sources)
+
+    def _dispatch_cost(self) -> int:
+        """The host's ns to dispatch one op: modelled, or with NEURON_SIM_HOST=measured the
+        real time since the last launch."""
+        if not self.measured_host:
+            return self.dispatch_ns
+        now = time.perf_counter_ns()
+        cost, self._host_mark = now - self._host_mark, now
+        return cost
+
+    def launch_priced(
+        self, name: str, duration_ns: int, engine_ns: dict[str, int], hbm_bytes: int
+    ) -> None:
+        """launch() of work priced without an executable (a sparse op: its engines busy at
+        once), with the same accounting: the host's dispatch, the queue, HBM traffic and the
+        profile at the caller's line."""
+        self.timeline.host_work(self._dispatch_cost())
+        start = self.timeline.enqueue(duration_ns, self.stream, engine_ns)
+        self.metrics.counts["hbm_bytes"] += hbm_bytes
+        if self.profiler is not None:
+            path, line, _ = user_frame()
+            overhead = self.target.launch_overhead_ns
+            self.profiler.engines(name, start, overhead, engine_ns, self.stream, f"{path}:{line}")
 
     def await_collectives(self, tensors: list[torch.Tensor]) -> None:
         """The current stream waits for the collectives writing any of these tensors (an

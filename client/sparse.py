@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 from trnsim.client import runtime
-from trnsim.client.errors import user_frame
 from trnsim.client.memory import to_device
 from trnsim.simulator import cost_model
 
@@ -269,22 +268,7 @@ def launch(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dense_bytes=aliases.dense_bytes,
         sort=aliases.coalesce or "coalesce" in op._schema.name,
     )
-    rt.timeline.host_work(rt.dispatch_ns)
-    launched = rt.timeline.launch(
-        int(cost.ns), stream=rt.stream, name=op._schema.name, engine_ns=cost.engine_ns
-    )
-    if rt.profiler is not None:
-        path, line, _ = user_frame()
-        overhead = rt.target.launch_overhead_ns
-        rt.profiler.engines(
-            op._schema.name,
-            launched.start_ns,
-            overhead,
-            cost.engine_ns,
-            rt.stream,
-            f"{path}:{line}",
-        )
-    rt.count("hbm_bytes", aliases.dense_bytes)
+    rt.launch_priced(op._schema.name, int(cost.ns), cost.engine_ns, aliases.dense_bytes)
     return out
 
 
