@@ -83,17 +83,28 @@ def restride(t: torch.Tensor, memory_format: Any) -> torch.Tensor:
 
 
 def as_on_cpu(
-    op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: tuple[Any, ...]
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: tuple[Any, ...],
+    wrap: Any = None,
 ) -> tuple[Any, ...]:
-    """A convolution's Meta outputs with the strides the CPU's kernel gives them."""
+    """A convolution's Meta outputs with the strides the CPU's kernel gives them (each new
+    meta tensor passed through wrap(old, new) when given: FakeTensor's rule)."""
     memory_format = cpu_memory_format(op, args, kwargs)
     if memory_format is None:
         return out
     laid = 2 if op is aten.convolution_backward.default else 1  # (not the bias gradient)
     return tuple(
-        restride(t, memory_format) if j < laid and isinstance(t, torch.Tensor) else t
+        (wrap or _new)(t, restride(t, memory_format))
+        if j < laid and isinstance(t, torch.Tensor)
+        else t
         for j, t in enumerate(out)
     )
+
+
+def _new(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    return new
 
 
 def _concrete(t: Any) -> bool:
@@ -128,16 +139,12 @@ def install_fake_rule() -> None:
             if not isinstance(first, FakeTensor) or first.fake_device.type != DEVICE:
                 return out
             with unset_fake_temporarily():
-                memory_format = cpu_memory_format(func, args, kwargs)
-                if memory_format is None:
-                    return out
-                items = out if isinstance(out, tuple) else (out,)
-                laid = 2 if func is aten.convolution_backward.default else 1
-                fixed = tuple(
-                    FakeTensor(mode, restride(t, memory_format), t.fake_device)
-                    if j < laid and isinstance(t, FakeTensor)
-                    else t
-                    for j, t in enumerate(items)
+                fixed = as_on_cpu(
+                    func,
+                    args,
+                    kwargs,
+                    out if isinstance(out, tuple) else (out,),
+                    lambda t, new: FakeTensor(mode, new, t.fake_device),
                 )
             return fixed if isinstance(out, tuple) else fixed[0]
 
