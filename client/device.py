@@ -13,6 +13,7 @@ import torch
 from trnsim.client import runtime
 from trnsim.client.errors import check_device_index
 from trnsim.simulator import device as sim_device
+from trnsim.simulator.memory import format_bytes
 
 
 def is_available() -> bool:
@@ -243,18 +244,20 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     rt = _flushed()
     s = rt.allocator.stats()
 
-    def size(n: int) -> str:
-        for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-            if n >= scale:
-                return f"{n / scale:.2f} {unit}"
-        return f"{n} B"
-
     rows = [
-        ("Allocated memory", size(s["allocated_bytes"]), size(s["peak_allocated_bytes"])),
-        ("Requested memory", size(s["requested_bytes"]), "-"),
-        ("Reserved memory", size(s["reserved_bytes"]), size(s["peak_reserved_bytes"])),
-        ("Non-releasable memory", size(s["inactive_split_bytes"]), "-"),
-        ("Cached (free) memory", size(s["cached_bytes"]), "-"),
+        (
+            "Allocated memory",
+            format_bytes(s["allocated_bytes"]),
+            format_bytes(s["peak_allocated_bytes"]),
+        ),
+        ("Requested memory", format_bytes(s["requested_bytes"]), "-"),
+        (
+            "Reserved memory",
+            format_bytes(s["reserved_bytes"]),
+            format_bytes(s["peak_reserved_bytes"]),
+        ),
+        ("Non-releasable memory", format_bytes(s["inactive_split_bytes"]), "-"),
+        ("Cached (free) memory", format_bytes(s["cached_bytes"]), "-"),
         ("Segments", str(s["segments"]), "-"),
     ]
     width = 75
@@ -263,7 +266,7 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         f" trnsim simulated HBM memory summary, device ID {rt.core:<4d}".ljust(width),
         "-" * width,
         (
-            f" capacity {size(s['capacity_bytes'])}, limit {size(rt.allocator.limit)}; "
+            f" capacity {format_bytes(s['capacity_bytes'])}, limit {format_bytes(rt.allocator.limit)}; "
             f"OOMs: {s['num_ooms']}, cache flushes: {s['num_cache_flushes']}"
         ),
         "=" * width,

@@ -26,20 +26,21 @@ class OutOfMemoryError(MemoryError):
         self.reserved = reserved
         self.capacity = capacity
         allowed = (
-            f"; {_fmt(limit)} allowed by set_per_process_memory_fraction"
+            f"; {format_bytes(limit)} allowed by set_per_process_memory_fraction"
             if limit is not None and limit < capacity
             else ""
         )
         super().__init__(
-            f"simulated HBM out of memory: tried to allocate {_fmt(requested)}; "
-            f"{_fmt(allocated)} allocated by tensors, {_fmt(reserved)} reserved by the "
-            f"allocator, capacity {_fmt(capacity)}{allowed} ({requested} / {allocated} / "
+            f"simulated HBM out of memory: tried to allocate {format_bytes(requested)}; "
+            f"{format_bytes(allocated)} allocated by tensors, {format_bytes(reserved)} reserved by the "
+            f"allocator, capacity {format_bytes(capacity)}{allowed} ({requested} / {allocated} / "
             f"{reserved} / {capacity} bytes). Free tensors you no longer need, call "
             f"empty_cache(), or reduce the batch size."
         )
 
 
-def _fmt(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """n bytes in GiB, MiB or KiB (two decimals), or B."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.2f} {unit}"
