@@ -33,14 +33,19 @@ class _Guard(torch._C._acc.DeviceGuard):  # type: ignore[misc,name-defined]
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if "direct" not in _state:
         _register_direct_kernels()
-    if op.namespace != "aten" and _cpu_only(op.name()):
+    refused = _refused.get(op)
+    if refused is None:  # (once per op: this runs for every op the fallback takes)
+        refused = _refused[op] = op.namespace != "aten" and _cpu_only(op.name())
+    if refused:
         raise NotImplementedError(_cpu_only_message(op.name()))
     from trnsim.client.dispatch import kernel
 
     return kernel(op, *args, **kwargs)
 
 
-@functools.cache
+_refused: dict[Any, bool] = {}  # op -> whether it has a CPU kernel only (_cpu_only)
+
+
 def _cpu_only(name: str) -> bool:
     """An op outside ATen with a CPU kernel and none for neuron, nor one made of other ops
     (a torch.library op registered for device_types="cpu"): its CPU kernel is CPU code,
