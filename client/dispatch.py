@@ -39,6 +39,7 @@ from trnsim.compiler.graph import (
     Node,
     TensorType,
     Value,
+    remap_node,
 )
 from trnsim.protos import graph_pb2
 from trnsim.simulator.execute import ExecutionError
@@ -107,7 +108,16 @@ def signature(
             _walk(value, key, tensors, scalars)
     if spec.shape_from_scalars:
         key.append(tuple(scalars))
+    n = len(tensors)
+    if n > 1 and (tensors[0] is tensors[1] if n == 2 else len(set(map(id, tensors))) < n):
+        key.append(repeats(tensors))  # (a * a is another executable than a * b)
     return tuple(key), tensors, scalars
+
+
+def repeats(tensors: list[Tensor]) -> tuple[int, ...]:
+    """Per tensor argument, the index of its first occurrence (the same tensor passed twice)."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(t), k) for k, t in enumerate(tensors))
 
 
 # -- the generic path ---------------------------------------------------------------------------
@@ -135,6 +145,8 @@ def run_op(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     nbytes = entry.one_fresh_output
     if nbytes is not None:  # the hot path: one new tensor out
         host = rt.host_alias
+        if entry.takes is not None:
+            tensors = entry.inputs_of(tensors)
         inputs = [t if t.is_cpu else host(t) for t in tensors]
         block = rt.allocate(nbytes)
         try:
@@ -169,8 +181,8 @@ def _execute(
     tensors: list[Tensor],
     scalars: list[Any],
 ) -> Any:
-    inputs = [t if t.is_cpu else rt.host_alias(t) for t in tensors]
-    for index in entry.out_args:  # the CPU kernel may resize out=: give it a CPU tensor
+    inputs = [t if t.is_cpu else rt.host_alias(t) for t in entry.inputs_of(tensors)]
+    for index in entry.out_args:  # (an op writing an argument takes every tensor: no `takes`)  # the CPU kernel may resize out=: give it a CPU tensor
         inputs[index] = torch.empty(0, dtype=tensors[index].dtype)
     blocks = [rt.allocate(n) for r in entry.returns for n in r.sizes]
     loaded = entry.loaded or entry.executable()
@@ -328,12 +340,7 @@ def _build(
         tuple(k for k, (name, _) in enumerate(named) if name in spec.mutated),
         kernels.cost_of(op_name, args, kwargs),  # (custom kernels only)
     )
-    graph = Graph(
-        tuple(inputs),
-        (node,),
-        tuple(Value(0, j) for j in range(len(out_types))),
-        num_scalar_inputs=counter[0],
-    )
+    graph, takes = _one_node_graph(node, inputs, len(out_types), counter[0], tensors)
     path, line, function = user_frame()
     debug = graph_pb2.GraphDebug(name=spec.name)
     debug.node_locations.add(file=path, line=line, function=function)
@@ -359,7 +366,33 @@ def _build(
         recordable and not cpu_draw,
         compile_later=(lambda: rt.executable_for(graph, debug)) if lazy else None,
         cpu_draw=recordable and cpu_draw,
+        takes=takes,
     )
+
+
+def _one_node_graph(
+    node: Node,
+    inputs: list[TensorType],
+    n_outputs: int,
+    n_scalars: int,
+    tensors: list[Tensor],
+) -> tuple[Graph, tuple[int, ...] | None]:
+    """The op's executable graph, and which tensor arguments it takes (None: all, in order).
+    A tensor passed twice is one input, read twice, unless the op writes an argument."""
+    outputs = tuple(Value(0, j) for j in range(n_outputs))
+    first = repeats(tensors)
+    if list(first) == list(range(len(tensors))) or node.aliases:
+        return Graph(tuple(inputs), (node,), outputs, num_scalar_inputs=n_scalars), None
+    takes = tuple(k for k, f in enumerate(first) if f == k)
+    position = {k: i for i, k in enumerate(takes)}
+    mapping = {Value(None, k): Value(None, position[f]) for k, f in enumerate(first)}
+    graph = Graph(
+        tuple(inputs[k] for k in takes),
+        (remap_node(node, mapping),),
+        outputs,
+        num_scalar_inputs=n_scalars,
+    )
+    return graph, takes
 
 
 # Ops that take CPU tensors next to device tensors on CUDA too: indices (moved by the op),

@@ -184,6 +184,14 @@ class Entry:
     # It makes sparse tensors from strided ones (to_sparse): it runs as a sparse op
     # (client/sparse.py), never as an executable.
     sparse_out: bool = False
+    # A tensor passed twice (a * a) is one input of the executable, so the compiler counts
+    # its memory once: which tensor arguments the executable takes, in order (None: all).
+    takes: tuple[int, ...] | None = None
+
+    def inputs_of(self, tensors: list[Any]) -> list[Any]:
+        """The executable's inputs among the op's tensor arguments (`node` names them all)."""
+        takes = self.takes
+        return tensors if takes is None else [tensors[k] for k in takes]
 
     # nbytes when the op returns one new tensor of known size (the hot case), else None.
     one_fresh_output: int | None = field(init=False)

@@ -491,7 +491,7 @@ class Recorder:
                         env[Value(i, j)] = out
                     continue
                 loaded = entry.executable()
-                results = loaded.run(args, op.scalars, rt.generator)
+                results = loaded.run(entry.inputs_of(args), op.scalars, rt.generator)
                 made = iter(op.hosts)
                 kinds = entry.outputs
                 if len(kinds) != len(results):

@@ -168,6 +168,23 @@ def test_memory_accounting_and_out_of_memory():
     torch.neuron.empty_cache()
 
 
+def test_an_input_read_twice_counts_once_in_the_per_op_hbm_check() -> None:
+    """a * a needs the memory of a and of its result, as a + 1 does: one input, read twice."""
+    from trnsim.client import runtime
+
+    a = torch.randn(333, 77, device="neuron")
+    b = torch.randn(333, 77, device="neuron")
+    options = runtime.get().options
+    options.hbm_budget_bytes = int(2.5 * a.nbytes)
+    try:
+        assert torch.equal((a * a).cpu(), a.cpu() * a.cpu())
+        assert torch.equal(torch.addcmul(a, a, a).cpu(), torch.addcmul(*[a.cpu()] * 3))
+        with pytest.raises(torch.OutOfMemoryError, match="over the budget"):
+            torch.addcmul(a, b, a)  # two tensors and a result: more than the budget
+    finally:
+        options.hbm_budget_bytes = 0
+
+
 def test_manual_seed_makes_random_ops_repeatable():
     torch.neuron.manual_seed(123)
     a = torch.randn(5, device="neuron").cpu()
