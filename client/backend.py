@@ -327,6 +327,9 @@ def register() -> None:
     from trnsim.client import pinned
 
     pinned.install()  # tensor.pin_memory(), DataLoader(pin_memory=True)
+    from trnsim.client import torch_profiler
+
+    torch_profiler.install()  # torch.profiler with ProfilerActivity.PrivateUse1: device time
     from trnsim.client import meta_kernels
 
     _state["meta"] = meta_kernels.register()  # shapes of the ops only the device runs

@@ -373,8 +373,8 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         """Puts a collective on the group's queue and counts it; the device tensors it
         writes make their first reader wait for its end, which it returns."""
         rt.timeline.occupy(self.stream, start_ns, duration, "collective")
-        if rt.profiler is not None:
-            rt.profiler.collective(kind, start_ns, duration, nbytes, user_location())
+        for prof in rt.profilers():
+            prof.collective(kind, start_ns, duration, nbytes, user_location())
         end = start_ns + duration
         counts = rt.metrics.counts
         counts["collectives"] += 1

@@ -42,8 +42,8 @@ class Profiler:
         if len(nodes) == 1:
             name = nodes[0].op
         else:
-            kind = loaded.executable.debug.graph.name or "graph"
-            name = f"{kind} graph ({len(loaded.steps)} ops)"
+            kind = loaded.executable.debug.graph.name
+            name = f"{kind + ' ' if kind else ''}graph ({len(loaded.steps)} ops)"
         where = [f"{path}:{line}" if line else "" for path, line, _ in sources]
         self._add(trace.launch_events(exe, start_ns, overhead_ns, stream, self.core, name, where))
 

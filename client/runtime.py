@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from trnsim.client import env, profiler, progress
+from trnsim.client import env, profiler, progress, torch_profiler
 from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.errors import compile_error, out_of_memory, user_frame
 from trnsim.client.memory import to_host_alias
@@ -385,10 +385,20 @@ class Runtime:
         if loaded.modelled_ns:
             start = timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
-            if self.profiler is not None:
+            profilers = self.profilers()
+            if profilers:
                 sources = where() if where is not None else [user_frame()]
                 overhead = self.target.launch_overhead_ns
-                self.profiler.launch(loaded, start, overhead, self.stream, sources)
+                for prof in profilers:
+                    prof.launch(loaded, start, overhead, self.stream, sources)
+
+    def profilers(self) -> list[profiler.Profiler]:
+        """Who records launches now: trnsim's profiler (NEURON_PROFILE, torch.neuron.profile)
+        and a torch.profiler session's (client/torch_profiler.py)."""
+        sink = torch_profiler.sink(self.core)
+        if self.profiler is None:
+            return [sink] if sink is not None else []
+        return [self.profiler] if sink is None else [self.profiler, sink]
 
     def _dispatch_cost(self) -> int:
         """The host's ns to dispatch one op: modelled, or with NEURON_SIM_HOST=measured the
@@ -408,10 +418,12 @@ class Runtime:
         self.timeline.host_work(self._dispatch_cost())
         start = self.timeline.enqueue(duration_ns, self.stream, engine_ns)
         self.metrics.counts["hbm_bytes"] += hbm_bytes
-        if self.profiler is not None:
+        profilers = self.profilers()
+        if profilers:
             path, line, _ = user_frame()
             overhead = self.target.launch_overhead_ns
-            self.profiler.engines(name, start, overhead, engine_ns, self.stream, f"{path}:{line}")
+            for prof in profilers:
+                prof.engines(name, start, overhead, engine_ns, self.stream, f"{path}:{line}")
 
     def await_collectives(self, tensors: list[torch.Tensor]) -> None:
         """The current stream waits for the collectives writing any of these tensors (an

@@ -177,3 +177,55 @@ def test_dma_time_is_credited_to_the_op_and_line_that_needed_the_data() -> None:
         sources <= {_line("matmul line"), _line("reduce line")} and _line("matmul line") in sources
     )
     assert "\n-   " not in prof.summary(), "no engine time without a source line"
+
+
+def test_torch_profiler_gives_each_op_its_device_time_and_ranges_reach_the_device_row(
+    tmp_path: Path,
+) -> None:
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    lin = nn.Linear(32, 32).to("neuron")
+    x = torch.randn(8, 32, device="neuron")
+    activities = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+    with profile(activities=activities) as prof, torch.neuron.profile() as ours:
+        with record_function("step"):
+            with record_function("forward"):
+                y = lin(x).relu().sum()
+            forward = [e for e in ours.events if e["cat"] == trace.LAUNCH]
+            y.backward()
+    launches = [e for e in ours.events if e["cat"] == trace.LAUNCH]
+    rows = {r.key: r for r in prof.key_averages() if r.device_type.name == "CPU"}
+    # Each launch is a kernel of the op that issued it: its simulated duration, to the ns.
+    assert rows["aten::addmm"].self_device_time_total == pytest.approx(
+        sum(e["dur"] for e in launches if e["name"] == "aten::addmm.default")
+    )
+    # A range's device time is that of the launches it issued (the backward runs on autograd's
+    # thread, as with CUDA).
+    assert rows["forward"].device_time_total == pytest.approx(sum(e["dur"] for e in forward))
+    assert rows["neuron::launch"].count == len(launches)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    device = [e for e in events if e.get("cat") == trace.LAUNCH]
+    assert len(device) == len(launches)
+    ranges = {e["name"]: e for e in events if e.get("cat") == "neuron_user_annotation"}
+    step = ranges["step"]
+    (host_step,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == "step"]
+    # One time axis: no launch starts on the device before the host issued it.
+    assert step["ts"] >= host_step["ts"]
+    assert min(e["ts"] for e in device) == pytest.approx(step["ts"])
+    assert max(e["ts"] + e["dur"] for e in device) == pytest.approx(step["ts"] + step["dur"])
+    flows = [e for e in events if e.get("cat") == "ac2g"]
+    assert len(flows) == 2 * len(launches)
+
+
+def test_a_cpu_only_torch_profiler_session_shows_launch_markers_without_device_time() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(8, 8, device="neuron")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        (x + 1).sum().item()
+    names = {r.key for r in prof.key_averages()}
+    assert "neuron::launch" in names
+    assert not any(n.startswith("neuron::launch#") for n in names)
+    assert all(r.device_type.name == "CPU" for r in prof.key_averages())
