@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 _warned: list[bool] = []
 _fallbacks: list[str] = []  # why graphs ran in the eager mode instead (compiled_explain)
 _bucket_log: list[str] = []  # each shape bucket compiled or refused (compiled_explain)
+# Per code object dynamo compiled: the module it ran for and the user's line that called it
+# (dynamo names the code, which may be a decorator's wrapper or its own).
+_frames: dict[Any, dict[str, str]] = {}
 _BUCKETS = buckets.parse(env.shape_buckets())
 
 # AOTAutograd's decompositions: none. The chip's compiler takes ATen's ops as they are
@@ -287,6 +290,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: A
 
     rt = runtime.get()
     rt.count("compiled_dynamo_graphs")
+    _note_frame()
     masked = _boolean_mask_indexing(gm)
     if masked:
         # AOTAutograd traces such a graph's backward (IndexPutBackward: a nonzero of the
@@ -312,6 +316,35 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: A
         first = str(e).splitlines()[0][:200] if str(e) else ""
         _eager(rt, f"{type(e).__name__}: {first}")
         return gm.forward
+
+
+def _note_frame() -> None:
+    """Remembers, for the code dynamo is compiling, the nn.Module it runs for (its `self`,
+    or the first argument of a wrapper around a forward) and the user's line that called it
+    (the last compile's: a recompile's)."""
+    import inspect
+
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
+    if tx is None:
+        return
+    if tx.f_code in _frames:
+        _frames[tx.f_code]["called_at"] = errors.script_location()
+        return
+    scope = tx.f_locals
+    owner = scope.get("self")
+    if not isinstance(owner, torch.nn.Module):
+        args = scope.get("args")
+        owner = args[0] if isinstance(args, tuple) and args else None
+    note = {"called_at": errors.script_location()}
+    if isinstance(owner, torch.nn.Module):
+        cls = type(owner)
+        forward = inspect.unwrap(cls.forward)
+        code = getattr(forward, "__code__", None)
+        where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+        note["module"] = f"{cls.__qualname__}.forward{where}"
+    _frames[tx.f_code] = note
 
 
 def _eager(rt: runtime.Runtime, why: str) -> None:
@@ -367,6 +400,7 @@ def explain() -> list[dict[str, Any]]:
             {
                 "function": code.co_name,
                 "where": f"{code.co_filename}:{code.co_firstlineno}",
+                **_frames.get(code, {}),
                 "recompiles": len(reasons),
                 "reasons": [str(r) for r in reasons],
             }

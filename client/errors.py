@@ -41,6 +41,18 @@ def user_location() -> str:
     return f"{path}:{line}"
 
 
+def script_location() -> str:
+    """file:line of the innermost frame of the user's own code: outside torch, trnsim, the
+    stdlib and installed packages (a model from transformers is called from the script)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_SKIP) and "-packages/" not in path:
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return user_location()
+
+
 class DeviceIndexError(RuntimeError):
     """Unrecoverable: each process drives one simulated core, always neuron:0."""
 

@@ -92,10 +92,15 @@ class Report:
         lines.append(f"compiled mode: {sum(b['count'] for b in self.graph_breaks)} graph breaks")
         for b in self.graph_breaks:
             lines.append(f"  {b['count']:>6}  {b['reason']}")
+            if b.get("where"):
+                inside = f", inside {b['inside']}" if b.get("inside") else ""
+                lines.append(f"          at {b['where']}{inside}")
         for item in self.compiled:
             if "function" in item:
+                what = item.get("module") or f"{item['function']} at {item['where']}"
+                called = f", called at {item['called_at']}" if item.get("called_at") else ""
                 lines.append(
-                    f"  recompiled {item['function']} at {item['where']} {item['recompiles']} "
+                    f"  recompiled {what}{called}: {item['recompiles']} "
                     f"times: {'; '.join(item['reasons'][:3])}"
                 )
             else:
@@ -105,11 +110,21 @@ class Report:
 
 
 def _graph_breaks() -> list[dict[str, Any]]:
+    """Dynamo's graph breaks by reason and by the line where each happened (the innermost
+    frame dynamo was tracing) and the outermost frame of that trace."""
     dynamo = sys.modules.get("torch._dynamo.utils")
     if dynamo is None:
         return []
-    breaks: Counter[str] = dynamo.counters.get("graph_break", Counter())
-    return [{"reason": r.splitlines()[0][:200], "count": n} for r, n in breaks.most_common()]
+    breaks: Counter[tuple[str, str, str]] = Counter()
+    for b in dynamo.graph_break_reasons:
+        stack = b.user_stack
+        at = f"{stack[-1].filename}:{stack[-1].lineno} ({stack[-1].name})" if stack else ""
+        top = f"{stack[0].filename}:{stack[0].lineno} ({stack[0].name})" if len(stack) > 1 else ""
+        breaks[(b.reason.splitlines()[0][:200], at, top)] += 1
+    return [
+        {"reason": r, "where": at, "inside": top, "count": n}
+        for (r, at, top), n in breaks.most_common()
+    ]
 
 
 def explain() -> Report:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from trnsim.client import explain as explaining
 
@@ -57,3 +58,30 @@ def test_neuron_explain_writes_the_report_that_trnsim_explain_prints(tmp_path):
     assert out.stdout.startswith("adaptive mode:") and "<string>:5" in out.stdout
     assert path.read_text() == written, "printing the report does not rewrite it"
     assert "RuntimeWarning" not in out.stderr
+
+
+class _Breaks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        torch._dynamo.graph_break()  # the break
+        return y.relu()
+
+
+# (dynamo reads .grad of the non-leaf it resumes with, on the CPU too)
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_compiled_breaks_and_recompiles_name_the_users_module_and_lines():
+    model = torch.compile(_Breaks().to("neuron"), backend="neuron", dynamic=False)
+    model(torch.randn(2, 4, device="neuron"))
+    line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+    model(torch.randn(3, 4, device="neuron"))  # a new shape: a recompile
+    report = torch.neuron.explain()
+    source = inspect.getsourcelines(_Breaks.forward)[1]
+    mine = [b for b in report.graph_breaks if b["where"].startswith(f"{__file__}:{source + 2}")]
+    assert mine, report.graph_breaks
+    recompiled = [c for c in report.compiled if c.get("module", "").startswith("_Breaks.forward")]
+    assert recompiled and recompiled[0]["called_at"] == f"{__file__}:{line}", report.compiled
+    assert f"recompiled _Breaks.forward at {__file__}:{source}" in str(report)
