@@ -28,6 +28,7 @@ from trnsim.simulator.config import get_target
 
 log = logging.getLogger(__name__)
 RECONNECT_AFTER_S = 5.0
+NEAREST_DEADLINE_S = 10.0  # torch.neuron.explain() asking which cached keys are nearest
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/server.py)
 # How long a blocking compile waits for the daemon's answer before compiling in process: a
 # safety net against a mute daemon (every request is answered). Past the daemon's own compile
@@ -67,6 +68,14 @@ class CompileClient(Protocol):
 
     def close(self) -> None:
         """Releases what the client holds (the daemon stream); compiles still work after."""
+
+    def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
+        """For each missed (key, parts), the key cached before it that is nearest to it, and
+        its parts (None: nothing to compare with); None without a shared cache to ask."""
+
+
+# A cache key and its parts (compiler/keys.py key_parts): what explaining a miss compares.
+Parts = tuple[str, list[compiler.KeyPart]]
 
 
 class InProcessCompileClient:
@@ -111,6 +120,9 @@ class InProcessCompileClient:
         if self._background is not None:
             self._background.shutdown(wait=False, cancel_futures=True)
             self._background = None
+
+    def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
+        return None  # (no cache but this process's: torch.neuron.explain() compares those)
 
 
 class DaemonUnavailable(RuntimeError):
@@ -376,6 +388,31 @@ class DaemonCompileClient:
     def close(self) -> None:
         self._lost("closed")
         self.local.close()
+
+    def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
+        channel = self._channel
+        if channel is None or not missed:
+            return None
+        request = svc.NearestRequest()
+        for key, parts in missed[:256]:
+            item = request.missed.add(cache_key=key)
+            for p in parts:
+                item.parts.add(name=p.name, digest=p.digest, text=p.text)
+        try:
+            answers = (
+                svc_grpc.CompileServiceStub(channel)
+                .Nearest(request, timeout=NEAREST_DEADLINE_S)
+                .answers
+            )
+        except grpc.RpcError as e:  # (an older daemon, a dead one: explain() compares locally)
+            log.debug("Nearest: %s", e)
+            return None
+        return [
+            (a.nearest_key, [compiler.KeyPart(p.name, p.digest, p.text) for p in a.nearest_parts])
+            if a.nearest_key
+            else None
+            for a in answers
+        ]
 
 
 def _same_version(info: svc.GetInfoResponse, version: str) -> bool:

@@ -66,13 +66,19 @@ class Report:
     cuts: list[dict[str, Any]] = field(default_factory=list)
     graph_breaks: list[dict[str, Any]] = field(default_factory=list)
     compiled: list[dict[str, Any]] = field(default_factory=list)
+    misses: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cuts": self.cuts, "graph_breaks": self.graph_breaks, "compiled": self.compiled}
+        return {
+            "cuts": self.cuts,
+            "graph_breaks": self.graph_breaks,
+            "compiled": self.compiled,
+            "misses": self.misses,
+        }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Report:
-        return Report(data["cuts"], data["graph_breaks"], data["compiled"])
+        return Report(data["cuts"], data["graph_breaks"], data["compiled"], data.get("misses", []))
 
     def __str__(self) -> str:
         lines = [f"adaptive mode: {sum(c['count'] for c in self.cuts)} graph cuts"]
@@ -106,6 +112,17 @@ class Report:
             else:
                 kind, text = next(iter(item.items()))
                 lines.append(f"  {kind.replace('_', ' ')}: {text}")
+        lines.append(f"cache misses: {len(self.misses)} compiles missed every cache")
+        for m in self.misses[:MAX_ROWS]:
+            where = f" at {m['where']}" if m["where"] else ""
+            lines.append(f"  {m['name']} ({m['ops']} ops){where}")
+            if not m["nearest"]:
+                lines.append(f"      nothing cached before it to compare with ({m['against']})")
+            same = ["the same parts as a cached key (evicted or expired)"] if m["nearest"] else []
+            for d in m["differs"] or same:
+                lines.append(f"      {d}")
+        if len(self.misses) > MAX_ROWS:
+            lines.append(f"  ... {len(self.misses) - MAX_ROWS} more (to_json() has all)")
         return "\n".join(lines)
 
 
@@ -144,7 +161,36 @@ def explain() -> Report:
         from trnsim.client import compiled as compiled_mode
 
         compiled = compiled_mode.explain()
-    return Report(cuts, _graph_breaks(), compiled)
+    return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get()))
+
+
+def _misses(rt: Any) -> list[dict[str, Any]]:
+    """Each compile that missed every cache, with the parts of its key that differ from the
+    nearest key cached before it: the daemon's (it answers a Nearest query), or without a
+    daemon the nearest of this process's earlier compiles."""
+    from trnsim import compiler
+
+    misses = list(rt.misses)
+    parts = [(m.key, compiler.key_parts(m.graph, rt.target, m.options)) for m in misses]
+    answers = rt.compiler.nearest(parts)
+    against = "the daemon's cache"
+    if answers is None:
+        against = "this process's compiles"
+        answers = [compiler.nearest(mine, parts[:i]) for i, (_, mine) in enumerate(parts)]
+    out = []
+    for m, (_, mine), near in zip(misses, parts, answers, strict=True):
+        out.append(
+            {
+                "name": m.name,
+                "ops": m.ops,
+                "where": m.where,
+                "key": m.key,
+                "nearest": near[0] if near else "",
+                "against": against,
+                "differs": compiler.differences(mine, near[1]) if near else [],
+            }
+        )
+    return out
 
 
 def write_at_exit() -> None:

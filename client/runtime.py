@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import sys
@@ -70,6 +71,21 @@ class Bound:
     cut: str = ""  # why, when it was cut
 
 
+@dataclasses.dataclass(frozen=True)
+class Miss:
+    """A compile that missed every cache."""
+
+    key: str
+    graph: graph_pb2.Graph
+    options: executable_pb2.CompileOptions
+    name: str  # the op, or the kind of graph
+    ops: int
+    where: str  # the user's file:line of its first op
+
+
+MAX_MISSES = 256
+
+
 class RegionCut(RuntimeError):
     """A region traced at a bucket's sizes did not stay one graph (client/compiled.py)."""
 
@@ -124,6 +140,7 @@ class Runtime:
         # NEURON_RECORD_GRAPHS: every graph compiled or fetched, by cache key, for the
         # precompile manifest written at exit (trnsim precompile compiles it ahead).
         self.graph_log: dict[str, Any] | None = None
+        self.misses: collections.deque[Miss] = collections.deque(maxlen=MAX_MISSES)
         if env.record_graphs():
             self.graph_log = {}
             atexit.register(self._write_manifest)
@@ -284,9 +301,24 @@ class Runtime:
         # another process or `trnsim precompile`.
         fetched = exe.waited_compile_seconds == 0 and exe.modelled_compile_seconds > 0
         self.metrics.counts["executables_fetched" if fetched else "executables_compiled"] += 1
+        if not fetched:
+            self._note_miss(key, proto, options, debug)
         self.wait_for_compile(exe.waited_compile_seconds)
         loaded = self.executables[key] = execute.load(exe)
         return loaded
+
+    def _note_miss(
+        self,
+        key: str,
+        proto: graph_pb2.Graph,
+        options: executable_pb2.CompileOptions,
+        debug: graph_pb2.GraphDebug,
+    ) -> None:
+        """A compile that missed every cache (torch.neuron.explain() says what differed from
+        the nearest cached key): the newest MAX_MISSES are kept."""
+        where = debug.node_locations[0] if debug.node_locations else None
+        line = f"{where.file}:{where.line}" if where is not None else ""
+        self.misses.append(Miss(key, proto, options, debug.name or "graph", len(proto.nodes), line))
 
     def wait_for_compile(self, seconds: float) -> None:
         """The host waits for the modelled compile time it needs (NEURON_SIM_COMPILE_CLOCK)."""
@@ -322,6 +354,20 @@ class Runtime:
                     log.pop(key, None)
 
             future.add_done_callback(drop_if_refused)
+
+        def note_if_compiled(f: Future[executable_pb2.Executable]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                return
+            exe = f.result()
+            if not (exe.waited_compile_seconds == 0 and exe.modelled_compile_seconds > 0):
+                self._note_miss(
+                    cache_key(graph, self.target, self.fused_options).digest,
+                    proto,
+                    self.fused_options,
+                    debug,
+                )
+
+        future.add_done_callback(note_if_compiled)
         self._background.add(future)
         future.add_done_callback(self._background.discard)
         return future

@@ -111,9 +111,9 @@ def install() -> None:
             _add_to_trace(self, Path(path))
         return out
 
-    cls.__exit__ = __exit__
-    cls._ensure_function_events = _ensure_function_events
-    cls.export_chrome_trace = export_chrome_trace
+    cls.__exit__ = __exit__  # type: ignore[method-assign]
+    cls._ensure_function_events = _ensure_function_events  # type: ignore[method-assign]
+    cls.export_chrome_trace = export_chrome_trace  # type: ignore[method-assign]
 
 
 class Placed:
@@ -250,8 +250,14 @@ def _add_to_trace(prof: Any, path: Path) -> None:
             }
         )
     for core in cores:
-        out.append({"name": "process_name", "ph": "M", "pid": core, "args": {"name": f"neuron core {core}"}})
+        out.append(
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": core,
+                "args": {"name": f"neuron core {core}"},
+            }
+        )
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
-

@@ -15,7 +15,15 @@ from trnsim.compiler import graph as ir
 from trnsim.compiler.compile_time import modelled_compile_seconds
 from trnsim.compiler.emit import emit
 from trnsim.compiler.fusion import fuse, singletons
-from trnsim.compiler.keys import CacheKey, cache_key, cache_key_from_proto
+from trnsim.compiler.keys import (
+    CacheKey,
+    KeyPart,
+    cache_key,
+    cache_key_from_proto,
+    differences,
+    key_parts,
+    nearest,
+)
 from trnsim.compiler.lower import Instr, Kernel, classify, lower
 from trnsim.compiler.memory_plan import MemoryPlan, MemoryPlanError, memory_plan
 from trnsim.compiler.passes import eliminate_common_subexpressions, eliminate_dead_code
@@ -32,11 +40,15 @@ __all__ = [
     "Compilation",
     "CompileError",
     "GraphTooLargeError",
+    "KeyPart",
     "MemoryPlanError",
     "cache_key",
     "cache_key_from_proto",
     "compile",
     "compiler_version",
+    "differences",
+    "key_parts",
+    "nearest",
 ]
 
 

@@ -11,7 +11,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from trnsim.compiler.graph import Graph, canonical_bytes, from_proto
+from trnsim.compiler.graph import Graph, canonical_bytes, canonicalize, from_proto, to_proto
 from trnsim.compiler.version import FORMAT_VERSION, compiler_version
 from trnsim.protos import executable_pb2 as ex
 from trnsim.protos import graph_pb2
@@ -112,3 +112,81 @@ def _fixed_components(target: Target, raw_options: bytes) -> tuple[tuple[str, st
         ("target", _sha(target_bytes(target))),
         ("options", _sha(options_bytes(ex.CompileOptions.FromString(raw_options)))),
     )
+
+
+# -- explaining a miss: the parts of a key, and the cached key nearest to one -------------------
+# What a person can act on, most telling first: another program, other shapes, other dtypes,
+# other options, another target, another compiler.
+PART_NAMES = ("program", "shapes", "dtypes", "options", "target", "compiler_version")
+TEXT_LIMIT = 160  # characters of a part's readable text
+
+
+@dataclass(frozen=True)
+class KeyPart:
+    name: str
+    digest: str
+    text: str  # readable, cut to TEXT_LIMIT
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 3] + "..."
+
+
+def key_parts(
+    graph: graph_pb2.Graph, target: Target, options: ex.CompileOptions | None = None
+) -> list[KeyPart]:
+    """A compile's key split into parts a person can compare: the program without its types,
+    the shapes, the dtypes, the options, the target, the compiler (not the key's own
+    components: those hash the graph whole)."""
+    canonical = to_proto(canonicalize(from_proto(graph))[0])
+    types = [*canonical.inputs, *(t for n in canonical.nodes for t in n.outputs)]
+    shapes = [(tuple(t.shape), tuple(t.strides), t.storage_offset) for t in types]
+    dtypes = [graph_pb2.DType.Name(t.dtype).lower() for t in canonical.inputs]
+    untyped = graph_pb2.Graph()
+    untyped.CopyFrom(canonical)
+    for t in [*untyped.inputs, *(t for n in untyped.nodes for t in n.outputs)]:
+        t.Clear()
+    ops = [n.op for n in canonical.nodes]
+    kept = ex.CompileOptions.FromString(options_bytes(options or ex.CompileOptions()))
+    inputs = " ".join(str(list(t.shape)) for t in canonical.inputs) or "none"
+    outputs = " ".join(str(list(t.shape)) for n in canonical.nodes for t in n.outputs)
+    return [
+        KeyPart(
+            "program",
+            _sha(untyped.SerializeToString(deterministic=True)),
+            _cut(f"{len(ops)} ops: {' '.join(ops)}"),
+        ),
+        KeyPart("shapes", _sha(repr(shapes).encode()), _cut(f"in {inputs}; out {outputs}")),
+        KeyPart("dtypes", _sha(" ".join(dtypes).encode()), _cut(" ".join(dtypes) or "no inputs")),
+        KeyPart(
+            "options", _sha(options_bytes(kept)), _cut(str(kept).replace("\n", " ") or "defaults")
+        ),
+        KeyPart("target", _sha(target_bytes(target)), target.name),
+        KeyPart("compiler_version", _sha(compiler_version().encode()), compiler_version()),
+    ]
+
+
+def nearest(
+    mine: list[KeyPart], candidates: list[tuple[str, list[KeyPart]]]
+) -> tuple[str, list[KeyPart]] | None:
+    """The candidate (key, parts) sharing the most parts with `mine`, ties broken by the
+    earlier part names (the same program first); None without candidates."""
+    digests = {p.name: p.digest for p in mine}
+
+    def score(parts: list[KeyPart]) -> tuple[int, ...]:
+        same = {p.name for p in parts if digests.get(p.name) == p.digest}
+        return (len(same), *(name in same for name in PART_NAMES))
+
+    best = max(candidates, key=lambda c: score(c[1]), default=None)
+    return best
+
+
+def differences(mine: list[KeyPart], theirs: list[KeyPart]) -> list[str]:
+    """'name: mine (nearest cached: theirs)' for each part that differs."""
+    other = {p.name: p for p in theirs}
+    out = []
+    for p in mine:
+        q = other.get(p.name)
+        if q is None or q.digest != p.digest:
+            out.append(f"{p.name}: {p.text} (nearest cached: {q.text if q else 'unknown'})")
+    return out

@@ -122,6 +122,7 @@ class ExecutableCache:
 
     EXE = "exe:"
     ERR = "err:"
+    PARTS = "parts:"  # a compiled key's parts (svc.KeyParts): what `Nearest` compares
 
     def __init__(self, directory: Path, memory_bytes: int, disk_bytes: int, tag: str = "") -> None:
         ensure_private_dir(directory)  # never through a symlink, never someone else's
@@ -328,6 +329,37 @@ class ExecutableCache:
             lambda: self.disk.set(self.ERR + key, raw, expire=ttl_s, tag=self.tag or None), None
         )
 
+    # -- the parts of compiled keys (explaining a miss) -------------------------------------------
+    def put_parts(self, parts: svc.KeyParts) -> None:
+        raw = parts.SerializeToString()
+        self._disk(
+            lambda: self.disk.set(self.PARTS + parts.cache_key, raw, tag=self.tag or None), None
+        )
+
+    def parts_before(self, key: str, limit: int) -> list[svc.KeyParts]:
+        """The parts of the keys compiled before `key` was (all, if it never was), newest
+        first, at most `limit`."""
+
+        def read() -> list[svc.KeyParts]:
+            sql = self.disk._sql
+            row = sql("SELECT store_time FROM Cache WHERE key = ?", (self.PARTS + key,)).fetchone()
+            before = row[0] if row else float("inf")
+            rows = sql(
+                "SELECT key FROM Cache WHERE key >= ? AND key < ? AND store_time < ? "
+                "ORDER BY store_time DESC LIMIT ?",
+                (self.PARTS, self.PARTS[:-1] + chr(ord(":") + 1), before, limit),
+            ).fetchall()
+            out = []
+            for (disk_key,) in rows:
+                raw = self._disk_get(disk_key)
+                try:
+                    out.append(svc.KeyParts.FromString(raw or b""))
+                except DecodeError:
+                    self.corrupt += 1
+            return out
+
+        return self._disk(read, [])  # type: ignore[no-any-return]
+
     # -- maintenance (trnsim cache ...) ------------------------------------------------------------
     def keys(self) -> list[str]:
         """Every key on disk. Rows whose key is not a plain string (pickled: planted or
@@ -403,7 +435,16 @@ class ExecutableCache:
         return int(self.disk.clear())
 
     def disk_stats(self) -> tuple[int, int]:
-        return self._disk(lambda: (len(self.disk), int(self.disk.volume())), (0, 0))  # type: ignore[no-any-return]
+        """(executables and remembered errors on disk, bytes the disk tier uses)."""
+
+        def read() -> tuple[int, int]:
+            parts = self.disk._sql(
+                "SELECT COUNT(*) FROM Cache WHERE key >= ? AND key < ?",
+                (self.PARTS, self.PARTS[:-1] + chr(ord(":") + 1)),
+            ).fetchone()[0]
+            return len(self.disk) - int(parts), int(self.disk.volume())
+
+        return self._disk(read, (0, 0))  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.disk.close()
@@ -415,6 +456,8 @@ def _entry_ok(disk_key: str, raw: bytes) -> bool:
         if disk_key.startswith(ExecutableCache.EXE):
             blob = svc.ExecutableBlob.FromString(raw)
             return blob_ok(blob, disk_key[len(ExecutableCache.EXE) :])
+        if disk_key.startswith(ExecutableCache.PARTS):
+            return svc.KeyParts.FromString(raw).cache_key == disk_key[len(ExecutableCache.PARTS) :]
         svc.CompileError.FromString(raw)
         return disk_key.startswith(ExecutableCache.ERR)
     except DecodeError:

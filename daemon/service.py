@@ -28,6 +28,8 @@ from trnsim.simulator.config import TARGETS, get_target
 
 log = logging.getLogger(__name__)
 MAX_LOOKUP_KEYS = 10_000
+MAX_NEAREST_KEYS = 256
+NEAREST_SCAN = 5_000  # the newest keys compiled before a miss that Nearest compares it with
 FAST_PATH_MAX_NODES = 2_000  # larger graphs are hashed on the I/O threads
 _HEX = frozenset("0123456789abcdef")
 
@@ -336,6 +338,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             result.cache_key = job.cache_key
             result.tier = svc.COMPILED
             self.cache.put(job.cache_key, result.executable)
+            self._put_parts(job)
         else:
             self.stats.failure(result.error.error_class)
             deterministic = result.error.error_class in (
@@ -345,7 +348,47 @@ class CompileService(svc_grpc.CompileServiceServicer):
             if deterministic:
                 self.cache.put_error(job.cache_key, result.error, self.config.error_ttl_s)
 
+    def _put_parts(self, job: Job) -> None:
+        """The compiled key's parts, for `Nearest` to compare later misses with."""
+        request = job.request
+        try:
+            parts = compiler.key_parts(request.graph, get_target(request.target), request.options)
+        except (GraphError, KeyError, ValueError) as e:
+            log.debug("no key parts for %s: %s", job.cache_key[:16], e)
+            return
+        message = svc.KeyParts(cache_key=job.cache_key)
+        for p in parts:
+            message.parts.add(name=p.name, digest=p.digest, text=p.text)
+        self.cache.put_parts(message)
+
     # -- unary RPCs -------------------------------------------------------------------------------
+    async def Nearest(
+        self, request: svc.NearestRequest, context: grpc.aio.ServicerContext
+    ) -> svc.NearestResponse:
+        """For each missed key, the key compiled before it that shares the most parts."""
+        if len(request.missed) > MAX_NEAREST_KEYS:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_NEAREST_KEYS} keys per Nearest"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._io, self._nearest, request)
+
+    def _nearest(self, request: svc.NearestRequest) -> svc.NearestResponse:
+        response = svc.NearestResponse()
+        for missed in request.missed:
+            answer = response.answers.add(cache_key=missed.cache_key)
+            candidates = [
+                (c.cache_key, [compiler.KeyPart(p.name, p.digest, p.text) for p in c.parts])
+                for c in self.cache.parts_before(missed.cache_key, NEAREST_SCAN)
+                if c.cache_key != missed.cache_key
+            ]
+            mine = [compiler.KeyPart(p.name, p.digest, p.text) for p in missed.parts]
+            best = compiler.nearest(mine, candidates)
+            if best is not None:
+                answer.nearest_key = best[0]
+                for p in best[1]:
+                    answer.nearest_parts.add(name=p.name, digest=p.digest, text=p.text)
+        return response
+
     async def Lookup(
         self, request: svc.LookupRequest, context: grpc.aio.ServicerContext
     ) -> svc.LookupResponse:

@@ -88,6 +88,7 @@ UNARY = {
     "Lookup": (svc.LookupRequest, svc.LookupResponse),
     "Stats": (svc.StatsRequest, svc.StatsResponse),
     "GetInfo": (svc.GetInfoRequest, svc.GetInfoResponse),
+    "Nearest": (svc.NearestRequest, svc.NearestResponse),
 }
 
 

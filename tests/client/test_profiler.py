@@ -187,12 +187,15 @@ def test_torch_profiler_gives_each_op_its_device_time_and_ranges_reach_the_devic
     lin = nn.Linear(32, 32).to("neuron")
     x = torch.randn(8, 32, device="neuron")
     activities = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
-    with profile(activities=activities) as prof, torch.neuron.profile() as ours:
-        with record_function("step"):
-            with record_function("forward"):
-                y = lin(x).relu().sum()
-            forward = [e for e in ours.events if e["cat"] == trace.LAUNCH]
-            y.backward()
+    with (
+        profile(activities=activities) as prof,
+        torch.neuron.profile() as ours,
+        record_function("step"),
+    ):
+        with record_function("forward"):
+            y = lin(x).relu().sum()
+        forward = [e for e in ours.events if e["cat"] == trace.LAUNCH]
+        y.backward()
     launches = [e for e in ours.events if e["cat"] == trace.LAUNCH]
     rows = {r.key: r for r in prof.key_averages() if r.device_type.name == "CPU"}
     # Each launch is a kernel of the op that issued it: its simulated duration, to the ns.
