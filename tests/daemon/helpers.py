@@ -117,10 +117,12 @@ def request(i: int, **options: object) -> svc.CompileRequest:
     )
 
 
-def cache_rows(cache_dir: Path) -> list[tuple[int, str, bytes]]:
-    """(rowid, key, value) of every entry the daemon's disk tier holds in its database."""
+def cache_rows(cache_dir: Path, prefix: str = "exe:") -> list[tuple[int, str, bytes]]:
+    """(rowid, key, value) of the entries the daemon's disk tier holds in its database whose
+    key starts with `prefix`: executables by default ("": every row, the key parts too)."""
     with sqlite3.connect(cache_dir / "executables" / "cache.db") as db:
-        return list(db.execute("SELECT rowid, key, value FROM Cache ORDER BY rowid"))
+        rows = db.execute("SELECT rowid, key, value FROM Cache ORDER BY rowid")
+        return [r for r in rows if isinstance(r[1], str) and r[1].startswith(prefix)]
 
 
 def set_row(cache_dir: Path, rowid: int, **columns: object) -> None:

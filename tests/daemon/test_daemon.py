@@ -151,8 +151,9 @@ def test_restart_serves_from_disk_and_cache_commands(short_tmp):
     assert cli([*cache, "verify"]) == 0
     assert cli([*cache, "prune"]) == 0
     assert len(cache_rows(d.cache_dir)) == 2, "entries of this compiler version survive prune"
+    assert len(cache_rows(d.cache_dir, "parts:")) == 2, "and the parts of their keys"
     assert cli([*cache, "clear"]) == 0
-    assert cache_rows(d.cache_dir) == []
+    assert cache_rows(d.cache_dir, "") == []
 
 
 def test_bad_requests_get_the_right_status_and_the_daemon_stays_up(short_tmp):
