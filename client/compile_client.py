@@ -28,6 +28,7 @@ from trnsim.simulator.config import get_target
 
 log = logging.getLogger(__name__)
 RECONNECT_AFTER_S = 5.0
+LOOKUP_DEADLINE_S = 2.0  # adaptive mode asking the cache for a graph met the first time
 NEAREST_DEADLINE_S = 10.0  # torch.neuron.explain() asking which cached keys are nearest
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/server.py)
 # How long a blocking compile waits for the daemon's answer before compiling in process: a
@@ -72,6 +73,10 @@ class CompileClient(Protocol):
     def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
         """For each missed (key, parts), the key cached before it that is nearest to it, and
         its parts (None: nothing to compare with); None without a shared cache to ask."""
+
+    def cached(self, key: str) -> executable_pb2.Executable | None:
+        """The executable of `key` if a shared cache holds it (never compiles): None on a
+        miss or without a shared cache."""
 
 
 # A cache key and its parts (compiler/keys.py key_parts): what explaining a miss compares.
@@ -123,6 +128,9 @@ class InProcessCompileClient:
 
     def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
         return None  # (no cache but this process's: torch.neuron.explain() compares those)
+
+    def cached(self, key: str) -> executable_pb2.Executable | None:
+        return None
 
 
 class DaemonUnavailable(RuntimeError):
@@ -388,6 +396,31 @@ class DaemonCompileClient:
     def close(self) -> None:
         self._lost("closed")
         self.local.close()
+
+    def cached(self, key: str) -> executable_pb2.Executable | None:
+        channel = self._channel
+        if channel is None:
+            return None
+        request = svc.LookupRequest(
+            cache_keys=[key], compiler_version=self.version, format_version=compiler.FORMAT_VERSION
+        )
+        try:
+            (entry,) = (
+                svc_grpc.CompileServiceStub(channel)
+                .Lookup(request, timeout=LOOKUP_DEADLINE_S)
+                .entries
+            )
+        except (grpc.RpcError, ValueError) as e:  # (a slow or dead daemon: compile as usual)
+            log.debug("Lookup: %s", e)
+            return None
+        if not entry.found:
+            return None
+        exe = self.executable(svc.CompileResult(executable=entry.executable), key)
+        if exe is not None:
+            exe.waited_compile_seconds = 0.0  # (fetched: nothing compiled for it)
+            tier = svc.CacheTier.Name(entry.tier)
+            self.tiers[tier] = self.tiers.get(tier, 0) + 1
+        return exe
 
     def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
         channel = self._channel

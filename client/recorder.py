@@ -453,6 +453,8 @@ class Recorder:
             state = self.graphs[signature] = GraphState()
         state.history.seen += 1
         self._collect(state)
+        if state.history.seen == 1 and not self.region and self.rt.compiles_shared:
+            self._fetch(state, ops, input_types, observable)
         if self.region and state.loaded is None and not state.fallback:
             if bound is not None and bound.executable is not None:
                 # A size inside a compiled bucket: the bucket's executable, run at this size
@@ -614,6 +616,26 @@ class Recorder:
         graph, debug = _graph(ops, input_types, observable)
         state.future = rt.submit(graph, debug)
         state.submitted_ns = rt.host_ns
+
+    def _fetch(
+        self,
+        state: GraphState,
+        ops: list[RecOp],
+        input_types: list[Where],
+        observable: list[bool],
+    ) -> None:
+        """A graph met the first time whose fused executable a shared cache already holds
+        (`trnsim precompile`, another process, an earlier run) runs fused at once: no
+        compile stands between it and its use."""
+        if sum(1 for op in ops if op.entry is not None) < 2:
+            return
+        graph, debug = _graph(ops, input_types, observable)
+        loaded = self.rt.fetch(graph, debug, self.rt.fused_options)
+        if loaded is None:
+            return
+        state.loaded = loaded
+        state.history.requested = state.history.ready = True
+        self.rt.count("fused_compiles_ready")
 
     def _compile_now(
         self,

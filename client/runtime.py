@@ -307,6 +307,27 @@ class Runtime:
         loaded = self.executables[key] = execute.load(exe)
         return loaded
 
+    def fetch(
+        self,
+        graph: Graph,
+        debug: graph_pb2.GraphDebug,
+        options: executable_pb2.CompileOptions,
+    ) -> execute.LoadedExecutable | None:
+        """The loaded executable of a graph if this process or a shared cache already holds
+        it; never compiles (adaptive mode asks for a graph it meets the first time: one that
+        `trnsim precompile` or another process compiled runs fused at once)."""
+        key = cache_key(graph, self.target, options).digest
+        loaded = self.executables.get(key)
+        if loaded is not None:
+            return loaded
+        exe = self.compiler.cached(key) if self.compiler.shared else None
+        if exe is None:
+            return None
+        self._log_graph(key, to_proto(graph), debug, options)
+        self.metrics.counts["executables_fetched"] += 1
+        loaded = self.executables[key] = execute.load(exe)
+        return loaded
+
     def _note_miss(
         self,
         key: str,
