@@ -381,7 +381,7 @@ def _one_node_graph(
     A tensor passed twice is one input, read twice, unless the op writes an argument."""
     outputs = tuple(Value(0, j) for j in range(n_outputs))
     first = repeats(tensors)
-    if list(first) == list(range(len(tensors))) or node.aliases:
+    if list(first) == list(range(len(tensors))) or node.writes():
         return Graph(tuple(inputs), (node,), outputs, num_scalar_inputs=n_scalars), None
     takes = tuple(k for k, f in enumerate(first) if f == k)
     position = {k: i for i, k in enumerate(takes)}

@@ -137,7 +137,7 @@ def _graph_breaks() -> list[dict[str, Any]]:
         stack = b.user_stack
         at = f"{stack[-1].filename}:{stack[-1].lineno} ({stack[-1].name})" if stack else ""
         top = f"{stack[0].filename}:{stack[0].lineno} ({stack[0].name})" if len(stack) > 1 else ""
-        breaks[(b.reason.splitlines()[0][:200], at, top)] += 1
+        breaks[((b.reason.splitlines() or [""])[0][:200], at, top)] += 1
     return [
         {"reason": r, "where": at, "inside": top, "count": n}
         for (r, at, top), n in breaks.most_common()
@@ -176,7 +176,10 @@ def _misses(rt: Any) -> list[dict[str, Any]]:
     against = "the daemon's cache"
     if answers is None:
         against = "this process's compiles"
-        answers = [compiler.nearest(mine, parts[:i]) for i, (_, mine) in enumerate(parts)]
+        answers = [
+            compiler.nearest(mine, [c for c in parts[:i] if c[0] != key])
+            for i, (key, mine) in enumerate(parts)
+        ]
     out = []
     for m, (_, mine), near in zip(misses, parts, answers, strict=True):
         out.append(

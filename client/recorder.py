@@ -597,7 +597,7 @@ class Recorder:
         observable: list[bool],
     ) -> None:
         rt = self.rt
-        n = sum(1 for op in ops if op.entry is not None)
+        n = _launches(ops)
         if n < 2 or state.fallback:
             return
         t = rt.target
@@ -627,7 +627,7 @@ class Recorder:
         """A graph met the first time whose fused executable a shared cache already holds
         (`trnsim precompile`, another process, an earlier run) runs fused at once: no
         compile stands between it and its use."""
-        if sum(1 for op in ops if op.entry is not None) < 2:
+        if _launches(ops) < 2:
             return
         graph, debug = _graph(ops, input_types, observable)
         loaded = self.rt.fetch(graph, debug, self.rt.fused_options)
@@ -681,6 +681,11 @@ class Recorder:
         state.loaded, state.arrived = execute.load(state.arrived), None
         state.history.ready = True
         self.rt.count("fused_compiles_ready")
+
+
+def _launches(ops: list[RecOp]) -> int:
+    """How many of the recorded ops launch an executable of their own (views do not)."""
+    return sum(1 for op in ops if op.entry is not None)
 
 
 def _observable(ops: list[RecOp]) -> list[bool]:

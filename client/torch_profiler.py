@@ -24,7 +24,9 @@ to do this (install(), once).
 
 from __future__ import annotations
 
+import bisect
 import functools
+import gzip
 import itertools
 import json
 import threading
@@ -37,10 +39,11 @@ from torch.autograd.profiler_util import FunctionEvent
 from trnsim.client import profiler
 
 MARK = "neuron::launch"  # the marker's name in tables and traces
-MAX_LAUNCHES = 200_000  # per session; later launches get no device event (said once)
+MAX_EVENTS = profiler.MAX_EVENTS  # per session; later launches get no device time (said once)
 _ids = itertools.count(1)
 _lock = threading.Lock()
 _sink: Sink | None = None
+Events = list[dict[str, Any]]  # one launch's trace events: the launch first, then its parts
 
 
 class Sink(profiler.Profiler):
@@ -48,20 +51,22 @@ class Sink(profiler.Profiler):
 
     def __init__(self, core: int) -> None:
         super().__init__(None, core)
-        self.launches: dict[int, list[dict[str, Any]]] = {}
+        self.launches: dict[int, Events] = {}
+        self._kept = 0
 
-    def _add(self, events: list[dict[str, Any]]) -> None:
-        if len(self.launches) >= MAX_LAUNCHES:
+    def _add(self, events: Events) -> None:
+        if self._kept + len(events) > MAX_EVENTS:
             if not self._full:
                 self._full = True
                 profiler.log.warning(
-                    "torch.profiler: %d launches recorded; later ones have no device time",
-                    MAX_LAUNCHES,
+                    "torch.profiler: %d device events recorded; later launches have no device time",
+                    MAX_EVENTS,
                 )
             return
         lid = next(_ids)
         with torch.autograd.profiler.record_function(f"{MARK}#{lid}"):
             self.launches[lid] = events
+        self._kept += len(events)
 
 
 def sink(core: int) -> Sink | None:
@@ -75,7 +80,7 @@ def sink(core: int) -> Sink | None:
         return _sink
 
 
-def _take() -> dict[int, list[dict[str, Any]]]:
+def _take() -> dict[int, Events]:
     global _sink
     with _lock:
         taken, _sink = (_sink.launches if _sink is not None else {}), None
@@ -92,23 +97,31 @@ def install() -> None:
 
     @functools.wraps(exit_)
     def __exit__(self: Any, *exc: Any) -> Any:
-        out = exit_(self, *exc)
+        # The launches of this cycle are taken before torch parses it (with acc_events it
+        # parses inside __exit__); what was recorded but not launched runs first.
         if self.enabled:
-            self._neuron_launches = {**getattr(self, "_neuron_launches", {}), **_take()}
-        return out
+            try:
+                from trnsim.client import runtime
+
+                if runtime.initialized():
+                    runtime.get().synchronize()
+            finally:
+                self._neuron_launches = _take()
+        return exit_(self, *exc)
 
     @functools.wraps(ensure)
     def _ensure_function_events(self: Any) -> None:
         fresh = self._function_events is None
         ensure(self)
         if fresh and self._function_events is not None:
-            self._neuron_placed = _merge(self)
+            _merge(self)
 
     @functools.wraps(export)
     def export_chrome_trace(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
         out = export(self, path, *args, **kwargs)
-        if getattr(self, "_neuron_launches", None) and self.kineto_results is not None:
-            _add_to_trace(self, Path(path))
+        launches = getattr(self, "_neuron_launches", None)
+        if launches and self.use_device == torch._C._get_privateuse1_backend_name():
+            _add_to_trace(Path(path), launches)
         return out
 
     cls.__exit__ = __exit__  # type: ignore[method-assign]
@@ -116,18 +129,8 @@ def install() -> None:
     cls.export_chrome_trace = export_chrome_trace  # type: ignore[method-assign]
 
 
-class Placed:
-    """A launch placed on the host's time axis (µs since the profile's start)."""
-
-    def __init__(self, lid: int, marker: FunctionEvent, start: float, events: list[Any]) -> None:
-        self.lid, self.marker, self.start, self.events = lid, marker, start, events
-        self.end = start + float(events[0]["dur"])
-        self.shift = start - float(events[0]["ts"])  # simulated µs → profile µs
-
-
-def _marker_id(fe: FunctionEvent) -> int | None:
-    name = fe.name
-    if not name.startswith(MARK + "#"):
+def _marker_id(name: Any) -> int | None:
+    if not isinstance(name, str) or not name.startswith(MARK + "#"):
         return None
     try:
         return int(name[len(MARK) + 1 :])
@@ -135,129 +138,127 @@ def _marker_id(fe: FunctionEvent) -> int | None:
         return None
 
 
-def _merge(prof: Any) -> list[Placed]:
-    """Device events and kernels for the markers among the parsed events (renamed to
-    MARK); returns the launches placed."""
-    events = prof._function_events
-    launches = getattr(prof, "_neuron_launches", {})
-    device = prof.use_device == torch._C._get_privateuse1_backend_name()
-    markers = []
-    for fe in events:
-        lid = _marker_id(fe)
-        if lid is not None:
-            fe.name = fe.trace_name = MARK
-            if device and lid in launches:
-                markers.append((lid, fe))
-    placed: list[Placed] = []
+def _place(
+    markers: list[tuple[float, int]], launches: dict[int, Events]
+) -> list[tuple[int, float]]:
+    """(launch id, start µs) for each marker (host µs, id) whose launch was kept: at the
+    host's issue time, or when the previous launch on its device row ends if that is later."""
+    placed = []
     free: dict[Any, float] = {}  # per device row: when its last launch ends
-    for lid, fe in sorted(markers, key=lambda m: m[1].time_range.start):
-        evs = launches[lid]
-        row = (evs[0]["pid"], evs[0]["tid"])
-        p = Placed(lid, fe, max(fe.time_range.start, free.get(row, 0.0)), evs)
-        free[row] = p.end
-        placed.append(p)
-    if not placed:
-        return placed
-    next_id = max((e.id for e in events), default=0) + 1
-    added = []
-    for p in placed:
-        head = p.events[0]
-        owner = p.marker.cpu_parent or p.marker  # the op that launched it, as for CUDA
-        owner.append_kernel(head["name"], p.marker.device_index, p.end - p.start)
-        added.append(_device_event(prof, next_id, head["name"], p.start, p.end, head["pid"]))
-        next_id += 1
-    for fe in added:
-        events.append(fe)
+    for at, lid in sorted(markers):
+        events = launches.get(lid)
+        if not events:
+            continue
+        row = (events[0]["pid"], events[0]["tid"])
+        start = max(at, free.get(row, at))
+        free[row] = start + float(events[0]["dur"])
+        placed.append((lid, start))
     return placed
 
 
-_CPU = torch.autograd.DeviceType.CPU
+def _merge(prof: Any) -> None:
+    """Renames this parse's markers to MARK; with the device activity, each launch becomes a
+    kernel of the op that issued it and a device event."""
+    events = prof._function_events
+    launches = getattr(prof, "_neuron_launches", {})
+    device = prof.use_device == torch._C._get_privateuse1_backend_name()
+    markers: dict[int, FunctionEvent] = {}
+    for fe in events:
+        lid = _marker_id(fe.name)
+        if lid is not None:
+            fe.name = fe.trace_name = MARK
+            markers[lid] = fe
+    if not device:
+        return
+    placed = _place([(fe.time_range.start, lid) for lid, fe in markers.items()], launches)
+    next_id = max((e.id for e in events), default=0) + 1
+    for lid, start in placed:
+        head, marker = launches[lid][0], markers[lid]
+        end = start + float(head["dur"])
+        owner = marker.cpu_parent or marker  # the op that launched it, as for CUDA
+        owner.append_kernel(head["name"], marker.device_index, end - start)
+        events.append(
+            FunctionEvent(
+                id=next_id,
+                name=head["name"],
+                thread=0,
+                start_us=start,
+                end_us=end,
+                input_shapes=[],
+                stack=[],
+                use_device=prof.use_device,
+                device_type=torch.autograd.DeviceType.PrivateUse1,
+                device_index=head["pid"],
+            )
+        )
+        next_id += 1
 
 
-def _device_event(
-    prof: Any, eid: int, name: str, start: float, end: float, core: int
-) -> FunctionEvent:
-    return FunctionEvent(
-        id=eid,
-        name=name,
-        thread=0,
-        start_us=start,
-        end_us=end,
-        input_shapes=[],
-        stack=[],
-        use_device=prof.use_device,
-        device_type=torch.autograd.DeviceType.PrivateUse1,
-        device_index=core,
-    )
-
-
-def _ranges(prof: Any, placed: list[Placed]) -> list[tuple[str, float, float, int]]:
-    """Each record_function range on the device: from the start of the first launch issued
-    inside it to the end of the last (name, start, end, core)."""
-    out = []
-    for ann in prof._function_events:
-        if not ann.is_user_annotation or ann.name == MARK or ann.device_type != _CPU:
-            continue
-        lo, hi = ann.time_range.start, ann.time_range.end
-        inside = [p for p in placed if lo <= p.marker.time_range.start <= hi]
-        if inside:
-            core = inside[0].events[0]["pid"]
-            out.append((ann.name, min(p.start for p in inside), max(p.end for p in inside), core))
-    return out
-
-
-def _add_to_trace(prof: Any, path: Path) -> None:
-    """kineto's trace at `path`, with the device rows of the placed launches added."""
-    if prof._needs_processing or prof._function_events is None:
-        prof._ensure_function_events()
-    placed: list[Placed] = getattr(prof, "_neuron_placed", [])
-    data = json.loads(path.read_text())
-    out = data["traceEvents"]
-    # FunctionEvent µs count from the profile's start; the trace's from baseTimeNanoseconds.
-    offset = (prof.kineto_results.trace_start_ns() - int(data.get("baseTimeNanoseconds", 0))) / 1e3
-    markers = {}
+def _add_to_trace(path: Path, launches: dict[int, Events]) -> None:
+    """kineto's trace at `path` (gzipped if it ends in .gz), with device rows for the
+    launches whose markers it holds, placed from the markers' own timestamps."""
+    opener: Any = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    out = data["traceEvents"] if isinstance(data, dict) else data
+    markers: dict[int, dict[str, Any]] = {}
     for e in out:
-        name = e.get("name")
-        if isinstance(name, str) and name.startswith(MARK + "#"):
-            lid = int(name[len(MARK) + 1 :])
+        lid = _marker_id(e.get("name"))
+        if lid is not None:
             e["name"] = MARK
             e.setdefault("args", {})["launch"] = lid
             markers[lid] = e
+    placed = _place([(float(m["ts"]), lid) for lid, m in markers.items()], launches)
     cores = set()
-    for p in placed:
-        for ev in p.events:
-            moved = dict(ev, ts=float(ev["ts"]) + p.shift + offset)
-            out.append(moved)
+    for lid, start in placed:
+        events, marker = launches[lid], markers[lid]
+        shift = start - float(events[0]["ts"])  # simulated µs -> the trace's µs
+        for ev in events:
+            out.append(dict(ev, ts=float(ev["ts"]) + shift))
             cores.add(ev["pid"])
-        marker = markers.get(p.lid)
-        if marker is not None:  # an arrow from the host's launch to the device's
-            head = p.events[0]
-            flow = {"id": p.lid, "cat": "ac2g", "name": "ac2g"}
-            out.append(dict(flow, ph="s", pid=marker["pid"], tid=marker["tid"], ts=marker["ts"]))
-            out.append(
-                dict(flow, ph="f", bp="e", pid=head["pid"], tid=head["tid"], ts=p.start + offset)
-            )
-    for name, start, end, core in _ranges(prof, placed):
-        out.append(
+        flow = {"id": lid, "cat": "ac2g", "name": "ac2g"}  # an arrow: host launch -> device
+        head = events[0]
+        out.append(dict(flow, ph="s", pid=marker["pid"], tid=marker["tid"], ts=marker["ts"]))
+        out.append(dict(flow, ph="f", bp="e", pid=head["pid"], tid=head["tid"], ts=start))
+    out.extend(_ranges(out, placed, launches, markers))
+    for core in sorted(cores):
+        name = {"name": f"neuron core {core}"}
+        out.append({"name": "process_name", "ph": "M", "pid": core, "args": name})
+    tmp = path.with_name(path.name + ".tmp")
+    with opener(tmp, "wt") as f:
+        json.dump(data, f)
+    tmp.replace(path)
+
+
+def _ranges(
+    out: list[dict[str, Any]],
+    placed: list[tuple[int, float]],
+    launches: dict[int, Events],
+    markers: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each record_function range on the device: from the start of the first launch issued
+    inside it to the end of the last."""
+    issued = sorted((float(markers[lid]["ts"]), start, lid) for lid, start in placed)
+    times = [t for t, _, _ in issued]
+    ranges = []
+    for e in out:
+        if e.get("cat") != "user_annotation" or e.get("ph") != "X" or e.get("name") == MARK:
+            continue
+        lo, hi = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
+        inside = issued[bisect.bisect_left(times, lo) : bisect.bisect_right(times, hi)]
+        if not inside:
+            continue
+        start = min(s for _, s, _ in inside)
+        end = max(s + float(launches[lid][0]["dur"]) for _, s, lid in inside)
+        ranges.append(
             {
-                "name": name,
+                "name": e["name"],
                 "cat": "neuron_user_annotation",
                 "ph": "X",
-                "ts": start + offset,
+                "ts": start,
                 "dur": end - start,
-                "pid": core,
+                "pid": launches[inside[0][2]][0]["pid"],
                 "tid": "annotations",
             }
         )
-    for core in cores:
-        out.append(
-            {
-                "name": "process_name",
-                "ph": "M",
-                "pid": core,
-                "args": {"name": f"neuron core {core}"},
-            }
-        )
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    return ranges

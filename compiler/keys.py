@@ -141,7 +141,11 @@ def key_parts(
     canonical = to_proto(canonicalize(from_proto(graph))[0])
     types = [*canonical.inputs, *(t for n in canonical.nodes for t in n.outputs)]
     shapes = [(tuple(t.shape), tuple(t.strides), t.storage_offset) for t in types]
-    dtypes = [graph_pb2.DType.Name(t.dtype).lower() for t in canonical.inputs]
+    ins = " ".join(graph_pb2.DType.Name(t.dtype).lower() for t in canonical.inputs) or "none"
+    outs = " ".join(
+        graph_pb2.DType.Name(t.dtype).lower() for n in canonical.nodes for t in n.outputs
+    )
+    dtypes = f"in {ins}; out {outs}"
     untyped = graph_pb2.Graph()
     untyped.CopyFrom(canonical)
     for t in [*untyped.inputs, *(t for n in untyped.nodes for t in n.outputs)]:
@@ -157,7 +161,7 @@ def key_parts(
             _cut(f"{len(ops)} ops: {' '.join(ops)}"),
         ),
         KeyPart("shapes", _sha(repr(shapes).encode()), _cut(f"in {inputs}; out {outputs}")),
-        KeyPart("dtypes", _sha(" ".join(dtypes).encode()), _cut(" ".join(dtypes) or "no inputs")),
+        KeyPart("dtypes", _sha(dtypes.encode()), _cut(dtypes)),
         KeyPart(
             "options", _sha(options_bytes(kept)), _cut(str(kept).replace("\n", " ") or "defaults")
         ),

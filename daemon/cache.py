@@ -336,26 +336,25 @@ class ExecutableCache:
             lambda: self.disk.set(self.PARTS + parts.cache_key, raw, tag=self.tag or None), None
         )
 
-    def parts_before(self, key: str, limit: int) -> list[svc.KeyParts]:
-        """The parts of the keys compiled before `key` was (all, if it never was), newest
-        first, at most `limit`."""
+    def all_parts(self, limit: int) -> list[tuple[float, svc.KeyParts]]:
+        """(stored at, parts) of the newest `limit` compiled keys, newest first: one query that
+        reads the rows as they are (no access-time writes; a row that is not inline or not
+        KeyParts is skipped: `trnsim cache verify` drops bad ones)."""
 
-        def read() -> list[svc.KeyParts]:
-            sql = self.disk._sql
-            row = sql("SELECT store_time FROM Cache WHERE key = ?", (self.PARTS + key,)).fetchone()
-            before = row[0] if row else float("inf")
-            rows = sql(
-                "SELECT key FROM Cache WHERE key >= ? AND key < ? AND store_time < ? "
+        def read() -> list[tuple[float, svc.KeyParts]]:
+            rows = self.disk._sql(
+                "SELECT store_time, value FROM Cache WHERE key >= ? AND key < ? "
                 "ORDER BY store_time DESC LIMIT ?",
-                (self.PARTS, self.PARTS[:-1] + chr(ord(":") + 1), before, limit),
+                (self.PARTS, self.PARTS[:-1] + chr(ord(":") + 1), limit),
             ).fetchall()
             out = []
-            for (disk_key,) in rows:
-                raw = self._disk_get(disk_key)
+            for at, value in rows:
+                if not isinstance(value, bytes):
+                    continue
                 try:
-                    out.append(svc.KeyParts.FromString(raw or b""))
+                    out.append((float(at), svc.KeyParts.FromString(value)))
                 except DecodeError:
-                    self.corrupt += 1
+                    continue
             return out
 
         return self._disk(read, [])  # type: ignore[no-any-return]

@@ -316,6 +316,11 @@ class CompileService(svc_grpc.CompileServiceServicer):
         except Exception:
             log.exception("recording the compile of %s failed; answering anyway", job.key[:16])
         waiters = self.inflight.finish(job, result)
+        if result.WhichOneof("outcome") == "executable":
+            try:  # (after the answer: nobody waits for what only explanations need)
+                self._put_parts(job)
+            except Exception:
+                log.exception("keeping the key parts of %s failed", job.key[:16])
         if result.WhichOneof("outcome") == "executable" and waiters > 1:
             with self.stats.lock:
                 self.stats.seconds_saved += (waiters - 1) * result.compile_seconds
@@ -338,7 +343,6 @@ class CompileService(svc_grpc.CompileServiceServicer):
             result.cache_key = job.cache_key
             result.tier = svc.COMPILED
             self.cache.put(job.cache_key, result.executable)
-            self._put_parts(job)
         else:
             self.stats.failure(result.error.error_class)
             deterministic = result.error.error_class in (
@@ -374,12 +378,15 @@ class CompileService(svc_grpc.CompileServiceServicer):
 
     def _nearest(self, request: svc.NearestRequest) -> svc.NearestResponse:
         response = svc.NearestResponse()
+        known = self.cache.all_parts(NEAREST_SCAN)  # (stored at, parts), newest first
+        stored = {parts.cache_key: at for at, parts in known}
         for missed in request.missed:
             answer = response.answers.add(cache_key=missed.cache_key)
+            before = stored.get(missed.cache_key, float("inf"))
             candidates = [
                 (c.cache_key, [compiler.KeyPart(p.name, p.digest, p.text) for p in c.parts])
-                for c in self.cache.parts_before(missed.cache_key, NEAREST_SCAN)
-                if c.cache_key != missed.cache_key
+                for at, c in known
+                if at < before and c.cache_key != missed.cache_key
             ]
             mine = [compiler.KeyPart(p.name, p.digest, p.text) for p in missed.parts]
             best = compiler.nearest(mine, candidates)

@@ -181,7 +181,7 @@ print(json.dumps({{"counts": rt.metrics.counts, "graphs": len(rt.recorder.graphs
 """
 
 
-def test_second_process_with_a_warm_daemon_runs_fused_from_its_first_repetition(tmp_path):
+def test_second_process_with_a_warm_daemon_runs_fused_from_its_first_sight(tmp_path):
     from tests.daemon.helpers import start_daemon
 
     root = Path(os.path.realpath("/tmp")) / f"trn-ad-{os.getpid()}"
@@ -203,8 +203,9 @@ def test_second_process_with_a_warm_daemon_runs_fused_from_its_first_repetition(
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         second = runs[1]["counts"]
         assert second["fused_compiles_ready"] > 0
-        # Each graph ran op by op once (its first sight) and fused from then on.
-        assert second["op_by_op_graphs"] == runs[1]["graphs"], runs[1]
+        # A graph the first run compiled runs fused at its first sight (the daemon's cache is
+        # asked first); each other ran op by op once at most, and fused from then on.
+        assert second["op_by_op_graphs"] < runs[1]["graphs"], runs[1]
         assert second["fused_executions"] > 0
     finally:
         d.stop()

@@ -232,3 +232,31 @@ def test_a_cpu_only_torch_profiler_session_shows_launch_markers_without_device_t
     assert "neuron::launch" in names
     assert not any(n.startswith("neuron::launch#") for n in names)
     assert all(r.device_type.name == "CPU" for r in prof.key_averages())
+
+
+def test_each_cycle_of_a_scheduled_torch_profiler_keeps_its_device_time(tmp_path: Path) -> None:
+    import gzip
+
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    x = torch.randn(8, 8, device="neuron")
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+        schedule=schedule(wait=0, warmup=1, active=1, repeat=2),
+        on_trace_ready=tensorboard_trace_handler(str(tmp_path), use_gzip=True),
+        acc_events=True,
+    ) as prof:
+        for _ in range(4):  # warm-up, active, warm-up, active
+            (x @ x).relu()
+            prof.step()
+    traces = sorted(tmp_path.glob("*.json.gz"))
+    assert len(traces) == 2
+    mm = []
+    for path in traces:
+        with gzip.open(path, "rt") as f:
+            events = json.load(f)["traceEvents"]
+        launches = [e for e in events if e.get("cat") == trace.LAUNCH]
+        assert [e["name"] for e in launches] == ["aten::mm.default", "aten::relu.default"]
+        mm.append(launches[0]["dur"])
+    rows = {r.key: r for r in prof.key_averages() if r.device_type.name == "CPU"}
+    assert rows["aten::mm"].self_device_time_total == pytest.approx(sum(mm))

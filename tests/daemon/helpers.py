@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -10,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -144,3 +146,16 @@ def worker_processes(parent: int) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def run_json(code: str, env: dict[str, str], *args: str) -> Any:
+    """Runs `python -c code args...` in a process of its own; its last line of output, JSON."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -4,10 +4,9 @@ parts that differ."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
+
+from .helpers import run_json
 
 RUN = """
 import json, sys, torch
@@ -21,15 +20,7 @@ print(json.dumps(torch.neuron.explain().misses))
 
 def _misses(address: str, n: int) -> list[dict[str, object]]:
     env = {**os.environ, "NEURON_COMPILE_DAEMON": address, "NEURON_EAGER": "eager"}
-    out = subprocess.run(
-        [sys.executable, "-c", RUN, str(n)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_json(RUN, env, str(n))  # type: ignore[no-any-return]
 
 
 def test_a_miss_names_the_part_that_differs_from_the_nearest_cached_key(daemon):

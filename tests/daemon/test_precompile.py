@@ -4,12 +4,13 @@ merge, and a damaged manifest is one line that says so."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 from trnsim.compiler import manifest
+
+from .helpers import run_json
 
 TRNSIM = [sys.executable, "-m", "trnsim.daemon.cli"]
 
@@ -28,15 +29,7 @@ print(json.dumps(torch.neuron.metrics()))
 
 
 def _train(env: dict[str, str], steps: int = 6) -> dict[str, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", TRAIN, str(steps)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_json(TRAIN, env, str(steps))  # type: ignore[no-any-return]
 
 
 def test_a_precompiled_run_compiles_nothing_and_fuses_from_its_first_steps(daemon, short_tmp):
