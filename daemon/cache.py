@@ -239,6 +239,10 @@ class ExecutableCache:
             self.memory.counters.hits += 1
         return blob
 
+    def has(self, key: str) -> bool:
+        """Whether either tier holds the key's executable (read nothing, promote nothing)."""
+        return self.memory_has(key) or bool(self._disk(lambda: self.EXE + key in self.disk, False))
+
     def memory_has(self, key: str) -> bool:
         with self._lock:
             return key in self.memory

@@ -22,7 +22,7 @@ from trnsim.compiler import manifest
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
-LOOKUP_BATCH = 64  # (a found entry comes with its executable: bounded answers)
+LOOKUP_BATCH = 5_000  # keys per Lookup (presence only: small answers; the daemon takes 10,000)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # the daemon's own send limit
 
 
@@ -73,7 +73,12 @@ def run(requests: dict[str, svc.CompileRequest], address: str, jobs: int) -> Sum
         for i in range(0, len(keys), LOOKUP_BATCH):
             batch = keys[i : i + LOOKUP_BATCH]
             answer = stub.Lookup(
-                svc.LookupRequest(cache_keys=batch, compiler_version=version, format_version=fmt),
+                svc.LookupRequest(
+                    cache_keys=batch,
+                    compiler_version=version,
+                    format_version=fmt,
+                    presence_only=True,
+                ),
                 timeout=60,
             )
             found = {e.cache_key for e in answer.entries if e.found}

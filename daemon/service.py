@@ -427,6 +427,9 @@ class CompileService(svc_grpc.CompileServiceServicer):
     def _lookup(self, request: svc.LookupRequest) -> svc.LookupResponse:
         response = svc.LookupResponse()
         for key in request.cache_keys:
+            if request.presence_only:
+                response.entries.add(cache_key=key, found=self.cache.has(key))
+                continue
             hit = self.cache.get(key)
             entry = response.entries.add(cache_key=key, found=hit is not None)
             if hit is not None:

@@ -239,6 +239,17 @@ def test_lookup_by_key_hits_after_a_compile(daemon):
         )
     assert [e.found for e in resp.entries] == [True, False]
     assert resp.entries[0].executable.data == result.executable.data
+    with grpc.insecure_channel(daemon.address) as ch:  # (trnsim precompile's question)
+        resp = svc_grpc.CompileServiceStub(ch).Lookup(
+            svc.LookupRequest(
+                cache_keys=[key, "f" * 64],
+                compiler_version=compiler.compiler_version(),
+                format_version=compiler.FORMAT_VERSION,
+                presence_only=True,
+            )
+        )
+    assert [e.found for e in resp.entries] == [True, False]
+    assert not resp.entries[0].HasField("executable"), "presence only: no executable sent"
 
 
 def compiler_target():
