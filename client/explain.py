@@ -112,18 +112,39 @@ class Report:
             else:
                 kind, text = next(iter(item.items()))
                 lines.append(f"  {kind.replace('_', ' ')}: {text}")
-        lines.append(f"cache misses: {len(self.misses)} compiles missed every cache")
-        for m in self.misses[:MAX_ROWS]:
-            where = f" at {m['where']}" if m["where"] else ""
-            lines.append(f"  {m['name']} ({m['ops']} ops){where}")
-            if not m["nearest"]:
-                lines.append(f"      nothing cached before it to compare with ({m['against']})")
-            same = ["the same parts as a cached key (evicted or expired)"] if m["nearest"] else []
-            for d in m["differs"] or same:
-                lines.append(f"      {d}")
-        if len(self.misses) > MAX_ROWS:
-            lines.append(f"  ... {len(self.misses) - MAX_ROWS} more (to_json() has all)")
+        lines.extend(_misses_table(self.misses))
         return "\n".join(lines)
+
+
+def _misses_table(misses: list[dict[str, Any]]) -> list[str]:
+    """The misses whose program a cached key runs too, each with what differed (the telling
+    ones: other shapes, dtypes, options...); the others, new programs, in one line."""
+    known = [m for m in misses if m["nearest"] and not _new_program(m)]
+    new = [m for m in misses if m not in known]
+    head = (
+        f"cache misses: {len(misses)} compiles missed every cache; {len(known)} of them "
+        f"compiled a program already cached with other parts (compared with {_against(misses)})"
+    )
+    lines = [head]
+    for m in known[:MAX_ROWS]:
+        where = f" at {m['where']}" if m["where"] else ""
+        lines.append(f"  {m['name']} ({m['ops']} ops){where}")
+        for d in m["differs"] or ["the same parts as a cached key (evicted or expired)"]:
+            lines.append(f"      {d}")
+    if len(known) > MAX_ROWS:
+        lines.append(f"  ... {len(known) - MAX_ROWS} more (to_json() has all)")
+    if new:
+        names = ", ".join(dict.fromkeys(m["name"] for m in new))
+        lines.append(f"  {len(new)} new programs, no cached key runs their ops: {names[:300]}")
+    return lines
+
+
+def _new_program(miss: dict[str, Any]) -> bool:
+    return any(d.startswith("program:") for d in miss["differs"])
+
+
+def _against(misses: list[dict[str, Any]]) -> str:
+    return misses[0]["against"] if misses else "the cache"
 
 
 def _graph_breaks() -> list[dict[str, Any]]:
