@@ -519,7 +519,8 @@ def metrics_report() -> str:
             "adaptive",
             (
                 f"{m['graphs_formed']} graphs: {m['fused_executions']} fused runs "
-                f"({m['fused_ops']} ops), {m['op_by_op_graphs']} op by op; fused compiles "
+                f"({m['fused_ops']} ops), {m['op_by_op_graphs']} op by op; "
+                f"{m['fused_graphs_fetched']} fetched at first sight; fused compiles "
                 f"{m['fused_compiles_ready']}/{m['fused_compiles_requested']} ready, "
                 f"{m['fused_compiles_failed']} failed; cuts: {cuts or 'none'}"
             ),

@@ -31,6 +31,9 @@ COUNTERS = (
     "fused_ops",  # ops those fused executions covered
     "fused_compiles_requested",
     "fused_compiles_ready",
+    # graphs met the first time whose fused executable a daemon's cache already held (trnsim
+    # precompile, another process): fused at once, nothing requested
+    "fused_graphs_fetched",
     "fused_compiles_failed",
     "fused_fallbacks",  # graphs whose fused executable failed once: op by op from then on
     "internal_outputs",  # recorded outputs nobody could observe: never in HBM

@@ -635,7 +635,7 @@ class Recorder:
             return
         state.loaded = loaded
         state.history.requested = state.history.ready = True
-        self.rt.count("fused_compiles_ready")
+        self.rt.count("fused_graphs_fetched")
 
     def _compile_now(
         self,

@@ -141,6 +141,7 @@ class Runtime:
         # precompile manifest written at exit (trnsim precompile compiles it ahead).
         self.graph_log: dict[str, Any] | None = None
         self.misses: collections.deque[Miss] = collections.deque(maxlen=MAX_MISSES)
+        self._submitted: set[str] = set()  # keys of the fused graphs this process asked for
         if env.record_graphs():
             self.graph_log = {}
             atexit.register(self._write_manifest)
@@ -320,6 +321,8 @@ class Runtime:
         loaded = self.executables.get(key)
         if loaded is not None:
             return loaded
+        if key in self._submitted:  # (its own background compile: ready on the compile clock)
+            return None
         exe = self.compiler.cached(key) if self.compiler.shared else None
         if exe is None:
             return None
@@ -364,9 +367,10 @@ class Runtime:
         """A compile at background priority and -O2 (adaptive mode's fused graphs): nothing
         waits for it; the future holds the executable, or the compile's error."""
         proto = to_proto(graph)
+        key = cache_key(graph, self.target, self.fused_options).digest
+        self._submitted.add(key)
         future = self.compiler.compile_async(proto, self.target.name, self.fused_options, debug)
         if self.graph_log is not None:  # (still compiling at exit: precompile finishes it)
-            key = cache_key(graph, self.target, self.fused_options).digest
             self._log_graph(key, proto, debug, self.fused_options)
             log = self.graph_log
 
@@ -381,12 +385,7 @@ class Runtime:
                 return
             exe = f.result()
             if not (exe.waited_compile_seconds == 0 and exe.modelled_compile_seconds > 0):
-                self._note_miss(
-                    cache_key(graph, self.target, self.fused_options).digest,
-                    proto,
-                    self.fused_options,
-                    debug,
-                )
+                self._note_miss(key, proto, self.fused_options, debug)
 
         future.add_done_callback(note_if_compiled)
         self._background.add(future)

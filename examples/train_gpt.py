@@ -196,6 +196,7 @@ def main() -> None:
         f"{m['executables_fetched']} (signature cache hits {m['cache_hits']}, misses "
         f"{m['cache_misses']}); adaptive: {m['graphs_formed']} graphs, {m['fused_executions']} fused runs "
         f"covering {m['fused_ops']} ops, {m['op_by_op_graphs']} run op by op, "
+        f"{m['fused_graphs_fetched']} fused graphs from the cache at first sight, "
         f"{m['fused_compiles_ready']}/{m['fused_compiles_requested']} fused compiles ready"
     )
     pending = m["fused_compiles_requested"] - m["fused_compiles_ready"]

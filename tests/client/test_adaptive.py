@@ -202,7 +202,7 @@ def test_second_process_with_a_warm_daemon_runs_fused_from_its_first_sight(tmp_p
             assert out.returncode == 0, out.stderr[-2000:]
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         second = runs[1]["counts"]
-        assert second["fused_compiles_ready"] > 0
+        assert second["fused_graphs_fetched"] > 0
         # A graph the first run compiled runs fused at its first sight (the daemon's cache is
         # asked first); each other ran op by op once at most, and fused from then on.
         assert second["op_by_op_graphs"] < runs[1]["graphs"], runs[1]
