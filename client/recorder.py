@@ -614,8 +614,7 @@ class Recorder:
         state.history.requested = True
         rt.count("fused_compiles_requested")
         graph, debug = _graph(ops, input_types, observable)
-        state.future = rt.submit(graph, debug)
-        state.submitted_ns = rt.host_ns
+        state.future, state.submitted_ns = rt.submit(graph, debug)
 
     def _fetch(
         self,

@@ -141,7 +141,8 @@ class Runtime:
         # precompile manifest written at exit (trnsim precompile compiles it ahead).
         self.graph_log: dict[str, Any] | None = None
         self.misses: collections.deque[Miss] = collections.deque(maxlen=MAX_MISSES)
-        self._submitted: set[str] = set()  # keys of the fused graphs this process asked for
+        # The fused graphs this process asked to compile, by key: (future, host ns asked at).
+        self._submitted: dict[str, tuple[Future[executable_pb2.Executable], int]] = {}
         if env.record_graphs():
             self.graph_log = {}
             atexit.register(self._write_manifest)
@@ -363,13 +364,19 @@ class Runtime:
 
     def submit(
         self, graph: Graph, debug: graph_pb2.GraphDebug
-    ) -> Future[executable_pb2.Executable]:
+    ) -> tuple[Future[executable_pb2.Executable], int]:
         """A compile at background priority and -O2 (adaptive mode's fused graphs): nothing
-        waits for it; the future holds the executable, or the compile's error."""
+        waits for it; the future holds the executable, or the compile's error. Returns it with
+        the host time it was asked for. A graph asked for again (another recorded graph with
+        the same program) shares the first request: one compile, ready at one time on the
+        simulated clock, whenever the real compile ends."""
         proto = to_proto(graph)
         key = cache_key(graph, self.target, self.fused_options).digest
-        self._submitted.add(key)
+        asked = self._submitted.get(key)
+        if asked is not None:
+            return asked
         future = self.compiler.compile_async(proto, self.target.name, self.fused_options, debug)
+        asked = self._submitted[key] = (future, self.host_ns)
         if self.graph_log is not None:  # (still compiling at exit: precompile finishes it)
             self._log_graph(key, proto, debug, self.fused_options)
             log = self.graph_log
@@ -390,7 +397,7 @@ class Runtime:
         future.add_done_callback(note_if_compiled)
         self._background.add(future)
         future.add_done_callback(self._background.discard)
-        return future
+        return asked
 
     @property
     def compiles_shared(self) -> bool:
