@@ -182,7 +182,9 @@ def _execute(
     scalars: list[Any],
 ) -> Any:
     inputs = [t if t.is_cpu else rt.host_alias(t) for t in entry.inputs_of(tensors)]
-    for index in entry.out_args:  # (an op writing an argument takes every tensor: no `takes`)  # the CPU kernel may resize out=: give it a CPU tensor
+    # The CPU kernel may resize out=: give it a CPU tensor. (An op writing an argument takes
+    # every tensor argument, so `takes` never renumbers out_args.)
+    for index in entry.out_args:
         inputs[index] = torch.empty(0, dtype=tensors[index].dtype)
     blocks = [rt.allocate(n) for r in entry.returns for n in r.sizes]
     loaded = entry.loaded or entry.executable()
