@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch.autograd import profiler as autograd_profiler
 from trnsim.client import env, profiler, progress, torch_profiler
 from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.errors import compile_error, out_of_memory, user_frame
@@ -458,7 +459,9 @@ class Runtime:
         if loaded.modelled_ns:
             start = timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
             self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
-            profilers = self.profilers()
+            # (the per-op path: two attribute reads when nothing profiles)
+            on = self.profiler is not None or autograd_profiler._is_profiler_enabled
+            profilers = self.profilers() if on else ()
             if profilers:
                 sources = where() if where is not None else [user_frame()]
                 overhead = self.target.launch_overhead_ns
