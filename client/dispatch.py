@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from trnsim.client import explain as explaining
 from trnsim.client import kernels, layouts, memory, runtime, shapes, sparse
 from trnsim.client.errors import check_device_index, execution_error, user_frame, user_location
 from trnsim.client.memory import to_device
@@ -42,6 +43,7 @@ from trnsim.compiler.graph import (
     remap_node,
 )
 from trnsim.protos import graph_pb2
+from trnsim.simulator import shape_only
 from trnsim.simulator.execute import ExecutionError
 
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -197,7 +199,8 @@ def _execute(
         result, out = inputs[index], tensors[index]
         if out.shape != result.shape:
             out.resize_(result.shape)
-        rt.host_alias(out).copy_(result)
+        if rt.numerics:
+            rt.host_alias(out).copy_(result)
     rt.launch(loaded)
     if entry.dynamic:
         rt.synchronize()
@@ -232,6 +235,9 @@ def _execute(
 
 
 def _adopt(rt: runtime.Runtime, out: Tensor, block: Any, dynamic: bool) -> Tensor:
+    if out is None:  # (shape-only mode: a data-dependent op with no assumption)
+        rt.free_unadopted([block])
+        raise shape_only.unsupported(user_location())
     if dynamic:  # the size was unknown until now: account for what the op produced
         rt.free_unadopted([block])
         block = rt.allocate(out.untyped_storage().nbytes())
@@ -449,11 +455,18 @@ def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
     if dst.is_cpu:  # device -> host: the host needs the device's results
         rt.device_to_host(src.numel() * src.element_size(), non_blocking and is_pinned(dst))
-        transfer(dst, memory.to_host_alias(src))
+        if rt.numerics:
+            transfer(dst, memory.to_host_alias(src))
+        else:
+            explaining.note_placeholder("a copy to the host (.cpu(), .tolist(), print)")
+            dst.zero_()
     else:  # host -> device: recorded ops must not see the new data early, or late
         rt.flush("hazard")
         rt.host_to_device(src.numel() * src.element_size(), non_blocking and is_pinned(src))
-        transfer(memory.to_host_alias(dst), src, non_blocking)
+        if rt.numerics:
+            transfer(memory.to_host_alias(dst), src, non_blocking)
+        else:
+            shape_only.forget(dst.untyped_storage().data_ptr())
     return dst
 
 
@@ -461,7 +474,19 @@ def _local_scalar_dense(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, A
     rt = runtime.get()
     rt.metrics.counts["ops_dispatched"] += 1
     rt.device_to_host(args[0].element_size())
+    if not rt.numerics:
+        explaining.note_placeholder(".item() (a Python number or truth value of a tensor)")
+        return _placeholder(args[0].dtype)
     return memory.to_host_alias(args[0]).item()
+
+
+def _placeholder(dtype: torch.dtype) -> Any:
+    """Shape-only mode's value for a tensor read as a Python number (explain.PLACEHOLDER)."""
+    if dtype == torch.bool:
+        return False
+    if dtype.is_complex:
+        return 0j
+    return 0.0 if dtype.is_floating_point else 0
 
 
 def empty_device_tensor(
@@ -474,6 +499,7 @@ def empty_device_tensor(
     # the host allocator's error about the memory that backs it.
     block = rt.allocate(_span(shape, strides) * dtype.itemsize)
     host = torch.empty_strided(shape, strides, dtype=dtype)
+    shape_only.forget(host.untyped_storage().data_ptr())
     return rt.adopt(to_device(host), block, host)
 
 
@@ -538,7 +564,7 @@ def _resize(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return spec.op.redispatch(CPU_KERNEL, *args, **kwargs)
     fresh = empty_device_tensor([self.storage_offset() + numel], None, self.dtype)
     old_numel = self.untyped_storage().nbytes() // self.element_size()
-    if old_numel:
+    if old_numel and runtime.get().numerics:
         _whole_storage(fresh, old_numel).copy_(_whole_storage(self, old_numel))
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
         CPU_KERNEL,

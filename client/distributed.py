@@ -208,6 +208,8 @@ class _Staged:
         transposed view) goes as its memory, in memory order, as gloo takes it on CPU."""
         if t.device.type == NAME:
             self.device = True
+            if not runtime.get().numerics:  # shape-only mode: priced, no data moves
+                return torch.empty(0, dtype=t.dtype)
             h = runtime.get().host_alias(t)
         elif t.device.type == "cpu":
             h = t
@@ -345,10 +347,11 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         rt = runtime.get()
         arrival = self._arrive(rt)
         start_ns = self._agree(arrival, what)
-        self._run(what, gloo_call)
-        staged.back()
-        if finish is not None:
-            finish()
+        if rt.numerics:  # (shape-only mode: the collective is priced and ordered, no more)
+            self._run(what, gloo_call)
+            staged.back()
+            if finish is not None:
+                finish()
         cost = cost_model.collective_cost(rt.target, kind, nbytes, self.topology)
         end = self._occupy(rt, kind, start_ns, int(cost.ns), nbytes, result)
         return NeuronWork(result, end, True, start_ns, arrival)
@@ -649,7 +652,8 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         start = 0 if rt is None else self._arrive(rt)
         header = torch.tensor([start], dtype=torch.int64)
         self._run("send", lambda: self._gloo.send([header], dst, tag))
-        self._run("send", lambda: self._gloo.send(hosts, dst, tag))
+        if rt is None or rt.numerics:
+            self._run("send", lambda: self._gloo.send(hosts, dst, tag))
         if rt is None:
             return NeuronWork(tensors, 0, False)
         end = self._occupy(rt, "send", start, int(self._p2p(rt, nbytes, dst)), nbytes, [])
@@ -663,8 +667,9 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         rt = runtime.get() if staged.device else None
         ready = 0 if rt is None else self._arrive(rt)
         self._run("recv", lambda: self._gloo.recv([header], src, tag))
-        self._run("recv", lambda: self._gloo.recv(hosts, src, tag))
-        staged.back()
+        if rt is None or rt.numerics:
+            self._run("recv", lambda: self._gloo.recv(hosts, src, tag))
+            staged.back()
         if rt is None:
             return NeuronWork(tensors, 0, False)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)

@@ -20,6 +20,7 @@ NEURON_PROFILE = "NEURON_PROFILE"  # a file: the process's profile, written at e
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
 NEURON_SIM_COMPILE_SCALE = "NEURON_SIM_COMPILE_SCALE"  # CPU s burnt per modelled compile s
 NEURON_SIM_COMPILE_CLOCK = "NEURON_SIM_COMPILE_CLOCK"  # on (default) | off: compiles on the clock
+NEURON_SIM_NUMERICS = "NEURON_SIM_NUMERICS"  # on (default) | off: shape-only, no values computed
 NEURON_RECORD_SHAPES = "NEURON_RECORD_SHAPES"  # a file: record op signatures (client/registry.py)
 NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with them (default: script)
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
@@ -47,6 +48,7 @@ class Settings:
     core: int
     host_costs: str
     compile_clock: bool = True  # the simulated host waits for the modelled compile times
+    numerics: bool = True  # ops compute values (off: shape-only, simulator/shape_only.py)
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -169,4 +171,5 @@ def read() -> Settings:
         core=_core(),
         host_costs=_choice(NEURON_SIM_HOST, "modelled", ("modelled", "measured")),
         compile_clock=_choice(NEURON_SIM_COMPILE_CLOCK, "on", ("on", "off")) == "on",
+        numerics=_choice(NEURON_SIM_NUMERICS, "on", ("on", "off")) == "on",
     )

@@ -5,6 +5,8 @@
 - Compiled mode: dynamo's graph breaks (its reasons, counted), each recompiled function with
   the guard failures behind it, graphs that ran eagerly instead and shape buckets
   (client/compiled.py).
+- Shape-only mode (NEURON_SIM_NUMERICS=off): each value the host read, which is a
+  placeholder, and each data-dependent shape taken by assumption, at the user's lines.
 
 `print(torch.neuron.explain())` is a table; `.to_json()` the same as data.
 NEURON_EXPLAIN=FILE writes the report at exit; `trnsim explain FILE` prints it.
@@ -16,6 +18,7 @@ import atexit
 import json
 import os
 import sys
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,8 +60,46 @@ def note_cut(reason: str, last_op: str) -> None:
     _cuts[(reason, last_op, path, line, function)] += 1
 
 
+# Shape-only mode: (kind, op, what, path, line) -> count; kind "placeholder" | "assumed".
+_shape_only: Counter[tuple[str, str, str, str, int]] = Counter()
+_warned: set[tuple[str, int]] = set()
+
+
+class ShapeOnlyWarning(UserWarning):
+    """A value the host read in shape-only mode (NEURON_SIM_NUMERICS=off): a placeholder."""
+
+
+PLACEHOLDER = "zeros (False for a truth value)"
+
+
+def note_placeholder(what: str) -> None:
+    """The host read a value the device never computed (shape-only mode): it got
+    PLACEHOLDER. Warned once per source line, named by it."""
+    path, line, _ = user_frame()
+    _shape_only[("placeholder", what, PLACEHOLDER, path, line)] += 1
+    if (path, line) in _warned:
+        return
+    _warned.add((path, line))
+    warnings.warn_explicit(
+        f"NEURON_SIM_NUMERICS=off: {what} read a value the simulated device never computed; "
+        f"it is a placeholder, {PLACEHOLDER}. Control flow and sizes that depend on it "
+        "follow the placeholder (torch.neuron.explain() lists every such line).",
+        ShapeOnlyWarning,
+        filename=path,
+        lineno=line,
+    )
+
+
+def note_assumption(op: str, text: str) -> None:
+    """A data-dependent output shape taken by assumption (shape-only mode)."""
+    path, line, _ = user_frame()
+    _shape_only[("assumed", op, text, path, line)] += 1
+
+
 def reset() -> None:
     _cuts.clear()
+    _shape_only.clear()
+    _warned.clear()
 
 
 @dataclass
@@ -67,6 +108,7 @@ class Report:
     graph_breaks: list[dict[str, Any]] = field(default_factory=list)
     compiled: list[dict[str, Any]] = field(default_factory=list)
     misses: list[dict[str, Any]] = field(default_factory=list)
+    shape_only: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,11 +116,18 @@ class Report:
             "graph_breaks": self.graph_breaks,
             "compiled": self.compiled,
             "misses": self.misses,
+            "shape_only": self.shape_only,
         }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Report:
-        return Report(data["cuts"], data["graph_breaks"], data["compiled"], data.get("misses", []))
+        return Report(
+            data["cuts"],
+            data["graph_breaks"],
+            data["compiled"],
+            data.get("misses", []),
+            data.get("shape_only", []),
+        )
 
     def __str__(self) -> str:
         lines = [f"adaptive mode: {sum(c['count'] for c in self.cuts)} graph cuts"]
@@ -113,6 +162,16 @@ class Report:
                 kind, text = next(iter(item.items()))
                 lines.append(f"  {kind.replace('_', ' ')}: {text}")
         lines.extend(_misses_table(self.misses))
+        if self.shape_only:
+            lines.append(
+                "shape-only mode (NEURON_SIM_NUMERICS=off): values the host read and "
+                "data-dependent shapes taken by assumption"
+            )
+            for a in self.shape_only[:MAX_ROWS]:
+                lines.append(f"  {a['count']:>6}  {a['kind']:<11} {a['op']} at {a['where']}")
+                lines.append(f"          {a['what']}")
+            if len(self.shape_only) > MAX_ROWS:
+                lines.append(f"  ... {len(self.shape_only) - MAX_ROWS} more (to_json() has all)")
         return "\n".join(lines)
 
 
@@ -182,7 +241,11 @@ def explain() -> Report:
         from trnsim.client import compiled as compiled_mode
 
         compiled = compiled_mode.explain()
-    return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get()))
+    shape_only = [
+        {"kind": kind, "op": op, "what": what, "where": f"{path}:{line}", "count": n}
+        for (kind, op, what, path, line), n in _shape_only.most_common()
+    ]
+    return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get()), shape_only)
 
 
 def _misses(rt: Any) -> list[dict[str, Any]]:

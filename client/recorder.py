@@ -500,7 +500,8 @@ class Recorder:
                     raise RuntimeError(f"{len(results)} results where {len(kinds)} were recorded")
                 for j, (r, result) in enumerate(zip(kinds, results, strict=True)):
                     if r.kind is FRESH:
-                        result = _settle(next(made), result, next(seen))
+                        host, seen_out = next(made), next(seen)
+                        result = _settle(host, result, seen_out) if rt.numerics else host
                     env[Value(i, j)] = result
             except Exception as e:  # noqa: BLE001  (named with the op and its source line)
                 cause = e.cause if isinstance(e, ExecutionError) else e
@@ -526,7 +527,10 @@ class Recorder:
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
         seen_hosts = [h for h, seen in zip(hosts, observable, strict=True) if seen]
         cpu = any(op.entry is not None and op.entry.cpu_draw for op in ops)
-        saved = None if state.verified else _Snapshot(input_hosts, rt.generator, cpu)
+        # (shape-only mode: no values to put back; a failure is named by op)
+        saved = (
+            None if state.verified or not rt.numerics else _Snapshot(input_hosts, rt.generator, cpu)
+        )
         try:
             results = loaded.run(input_hosts, scalars, rt.generator, seen_hosts)
             if len(results) != len(seen_hosts):

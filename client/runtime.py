@@ -26,7 +26,7 @@ from trnsim.client.ops import Entry, OpSpec
 from trnsim.compiler import CompileError, cache_key
 from trnsim.compiler.graph import Graph, to_proto
 from trnsim.protos import executable_pb2, graph_pb2
-from trnsim.simulator import cost_model, execute
+from trnsim.simulator import cost_model, execute, shape_only
 from trnsim.simulator.config import Target, get_target
 from trnsim.simulator.device import Event, Timeline
 from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
@@ -147,6 +147,13 @@ class Runtime:
         if env.record_graphs():
             self.graph_log = {}
             atexit.register(self._write_manifest)
+        self.numerics = settings.numerics
+        shape_only.set_numerics(settings.numerics)
+        if not settings.numerics:
+            from trnsim.client import explain
+
+            shape_only.hooks.placeholder = explain.note_placeholder
+            shape_only.hooks.assumed = explain.note_assumption
         self.set_mode(settings.eager_mode)
 
     def _write_manifest(self) -> None:

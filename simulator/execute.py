@@ -2,6 +2,9 @@
 
 An Executable is parsed once into a LoadedExecutable (a list of steps with their argument
 builders); running it takes CPU tensors that alias device memory and returns CPU tensors.
+
+With numerics off (NEURON_SIM_NUMERICS=off, simulator/shape_only.py) a step computes
+nothing: its outputs are tensors of the declared shapes whose memory is never written.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 from trnsim.protos import executable_pb2, graph_pb2
-from trnsim.simulator import dtypes, kernels
+from trnsim.simulator import dtypes, kernels, shape_only
 
 MEMORY_FORMATS = {
     graph_pb2.CONTIGUOUS_FORMAT: torch.contiguous_format,
@@ -157,6 +160,12 @@ class _Step:
             for j, o in enumerate(node.outputs)
         ]
         self.conforms = any(d is not None for d in self.declared)
+        # For shape-only runs: each output's dtype, the argument an output is written
+        # through (in-place ops, out=), and whether the op is a view (computes nothing).
+        self.dtypes = [torch_dtype(o.dtype) if o.dtype else None for o in node.outputs]
+        self.arguments = [_builder(a) for a in node.args]
+        self.written = {a.output: a.argument for a in node.aliases if a.writes}
+        self.is_view = any(not a.writes for a in node.aliases)
         # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
         self.inputs_only = (
             not self.keywords
@@ -206,6 +215,27 @@ class _Step:
                 kwargs["generator"] = generator
             return self.call_op(*args, **kwargs)
         return self.call_op(*args)
+
+    def shape_only(self, inputs: Inputs, env: Env, scalars: Scalars) -> list[Any]:
+        """The step with numerics off: its outputs as a flat list, made without computing
+        (a view is taken for real: it computes nothing). Fresh outputs are new tensors of
+        the declared layout whose memory is never touched; written ones are the argument."""
+        if self.is_view:
+            return _flatten(self._call(inputs, env, scalars, None))
+        args = [b(inputs, env, scalars) for b in self.arguments]
+        assumed = shape_only.assumed_outputs(self.name, self.op, args, self.dtypes)
+        if assumed is not None:
+            return assumed
+        outs: list[Any] = []
+        for j, declared in enumerate(self.declared):
+            argument = self.written.get(j)
+            if argument is not None:
+                outs.append(shape_only.written(self.name, args, argument, declared))
+            elif declared is not None:
+                outs.append(shape_only.fresh(self.name, args, declared, self.dtypes[j]))
+            else:
+                outs.append(None)  # an optional output the op does not produce
+        return shape_only.with_values(self.op, outs)
 
     def conform(self, result: Any) -> Any:
         """The result in the layout the graph declares (the Meta kernel's), as a device's
@@ -292,6 +322,8 @@ class LoadedExecutable:
         """The graph's outputs. With `into` (the caller's buffer per output), the outputs an
         out= kernel can compute are written there: those results are the buffers."""
         env: Env = {}
+        if not shape_only.NUMERICS.on:
+            return self._run_shapes(inputs, scalars, into)
         if self.single:
             step = self.steps[0]
             try:
@@ -315,6 +347,26 @@ class LoadedExecutable:
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
         return [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
+
+    def _run_shapes(
+        self, inputs: Inputs, scalars: Scalars, into: Sequence[torch.Tensor] | None
+    ) -> list[Any]:
+        """run() with numerics off: the same outputs, of the same shapes, none computed.
+        With `into`, every output is the caller's buffer (nothing to copy there)."""
+        env: Env = {}
+        for step in self.steps:
+            try:
+                result = step.shape_only(inputs, env, scalars)
+            except Exception as e:
+                raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
+            if self.single:
+                return result
+            for j, r in enumerate(result):
+                env[(step.node, j)] = r
+        outs = [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
+        if into is not None:
+            outs = [b if b is not None else o for b, o in zip(into, outs, strict=True)]
+        return outs
 
     def at_size(self, graph: graph_pb2.Graph, debug: graph_pb2.GraphDebug) -> LoadedExecutable:
         """This executable run at sizes inside those it was compiled at (a shape bucket's

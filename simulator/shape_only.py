@@ -1,0 +1,283 @@
+"""Shape-only execution (NEURON_SIM_NUMERICS=off): every launch is priced, queued and
+accounted as with numerics on, but no op computes a value.
+
+A step's fresh outputs are new host tensors of the declared layout whose memory is never
+written, so the pages behind them are never touched and the process's memory stays
+proportional to metadata (the kernel maps untouched pages lazily). Values the host reads
+are placeholders (zeros, False), which the client names with their source line.
+
+Ops whose output shape depends on values take an assumption instead:
+- nonzero, masked_select, boolean-mask indexing: as many elements as the mask's expected
+  number of nonzeros. A mask made by scattering n values into a zeroed tensor of N
+  elements (one_hot, a router's expert mask) holds n/N nonzeros, which gives uniform
+  routing to MoE layers; any other mask is taken as all nonzero (the upper bound).
+- unique and its kin: every element distinct (the upper bound).
+- bincount: max(minlength, 1) bins; repeat_interleave with a repeats tensor: one each.
+Each assumption is reported through `hooks.assumed` (torch.neuron.explain lists them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+class _Numerics:
+    """Whether steps compute values (NEURON_SIM_NUMERICS); one flag read per launch."""
+
+    on = True
+
+
+NUMERICS = _Numerics()
+
+
+def set_numerics(on: bool) -> None:
+    NUMERICS.on = on
+    density.clear()
+
+
+class _Hooks:
+    """What the client learns of: a placeholder value handed to the host (op name) and a
+    data-dependent shape taken by assumption (op name, the assumption)."""
+
+    placeholder: Callable[[str], None] = staticmethod(lambda op: None)
+    assumed: Callable[[str, str], None] = staticmethod(lambda op, text: None)
+
+
+hooks = _Hooks()
+
+# Expected fraction of nonzero elements per storage (by its address), where an op made it
+# known: 0 after zeroing, n/N after scattering n values. Absent: unknown (taken as 1).
+density: dict[int, float] = {}
+
+
+def forget(storage_ptr: int) -> None:
+    """A storage was (re)allocated at this address: what was known of the old one goes."""
+    if density:
+        density.pop(storage_ptr, None)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _density(t: Any) -> float:
+    if not isinstance(t, torch.Tensor):
+        return 1.0
+    return density.get(_ptr(t), 1.0)
+
+
+_ZEROS = frozenset(["aten::zeros.default", "aten::zeros_like.default", "aten::new_zeros.default"])
+_SCATTERS = frozenset(
+    [
+        "aten::scatter.value",
+        "aten::scatter.src",
+        "aten::scatter_.value",
+        "aten::scatter_.src",
+    ]
+)
+# Ops whose output holds (a selection of) its first argument's elements: same density.
+_SELECTS = frozenset(
+    [
+        "aten::index.Tensor",
+        "aten::_unsafe_index.Tensor",
+        "aten::index_select.default",
+        "aten::clone.default",
+        "aten::_to_copy.default",
+        "aten::contiguous.default",
+        "aten::squeeze.dim",
+    ]
+)
+
+
+def _scattered(name: str, args: list[Any], base: torch.Tensor) -> float:
+    index = args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None
+    if index is None or base.numel() == 0:
+        return 1.0
+    return min(1.0, _density(base) + index.numel() / base.numel())
+
+
+def fresh(
+    name: str,
+    args: list[Any],
+    declared: tuple[tuple[int, ...], tuple[int, ...]],
+    dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """A new output of the declared layout, its memory untouched."""
+    t = torch.empty_strided(declared[0], declared[1], dtype=dtype)
+    ptr = _ptr(t)
+    if name in _ZEROS:
+        density[ptr] = 0.0
+    elif name in _SCATTERS and isinstance(args[0], torch.Tensor):
+        density[ptr] = _scattered(name, args, args[0])
+    elif name in _SELECTS and args and isinstance(args[0], torch.Tensor):
+        known = density.get(_ptr(args[0]))
+        if known is None:
+            density.pop(ptr, None)
+        else:
+            density[ptr] = known
+    else:
+        forget(ptr)
+    return t
+
+
+def written(
+    name: str,
+    args: list[Any],
+    argument: int,
+    declared: tuple[tuple[int, ...], tuple[int, ...]] | None,
+) -> Any:
+    """The argument an op writes through (in place, out=), unwritten. An out= argument
+    the kernel would resize is a new tensor of the declared size instead."""
+    t = args[argument]
+    if not isinstance(t, torch.Tensor):
+        return t
+    if declared is not None and tuple(t.shape) != declared[0]:
+        return torch.empty_strided(declared[0], declared[1], dtype=t.dtype)
+    ptr = _ptr(t)
+    if name == "aten::zero_.default" or (
+        name == "aten::fill_.Scalar" and len(args) > 1 and args[1] == 0
+    ):
+        density[ptr] = 0.0
+    elif name in _SCATTERS:
+        density[ptr] = _scattered(name, args, t)
+    else:
+        forget(ptr)
+    return t
+
+
+_PLACEHOLDERS = {"bool": False, "int": 0, "SymInt": 0, "float": 0.0, "Scalar": 0}
+
+
+def with_values(op: Any, outs: list[Any]) -> list[Any]:
+    """The op's flat results: its tensor outputs, and a placeholder for each value it
+    returns to the host (bool False, numbers 0), in the schema's order."""
+    returns = op._schema.returns
+    if all("Tensor" in str(r.type) for r in returns):
+        return outs
+    flat: list[Any] = []
+    tensors = iter(outs)
+    for r in returns:
+        kind = str(r.type)
+        if kind.startswith("Tensor[]") or kind == "List[Tensor]":
+            flat.extend(tensors)
+        elif "Tensor" in kind:
+            flat.append(next(tensors, None))
+        else:
+            hooks.placeholder(str(op))
+            flat.append(_PLACEHOLDERS.get(kind, 0))
+    return flat
+
+
+# -- data-dependent shapes ----------------------------------------------------------------------
+def _count(mask: torch.Tensor, numel: int | None = None) -> int:
+    n = mask.numel() if numel is None else numel
+    return round(n * _density(mask))
+
+
+def _nonzero(op: str, args: list[Any]) -> list[Any]:
+    x = args[0]
+    rows = _count(x)
+    hooks.assumed(op, _mask_text(x, rows))
+    return [torch.empty((rows, x.dim()), dtype=torch.int64)]
+
+
+def _mask_text(mask: torch.Tensor, rows: int) -> str:
+    known = density.get(_ptr(mask))
+    if known is None:
+        return f"every element of a {tuple(mask.shape)} mask taken as nonzero: {rows}"
+    return f"{known:.4g} of a {tuple(mask.shape)} mask nonzero (scattered): {rows}"
+
+
+def _masked_select(op: str, args: list[Any]) -> list[Any]:
+    x, mask = args[0], args[1]
+    numel = torch.broadcast_shapes(x.shape, mask.shape).numel()  # type: ignore[no-untyped-call]
+    rows = _count(mask, numel)
+    hooks.assumed(op, _mask_text(mask, rows))
+    return [torch.empty((rows,), dtype=x.dtype)]
+
+
+def _index(op: str, args: list[Any]) -> list[Any]:
+    """Indexing with boolean masks: each mask stands for that many int64 indices."""
+    x, indices = args[0], list(args[1])
+    meta_indices: list[Any] = []
+    for i in indices:
+        if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+            rows = _count(i)
+            hooks.assumed(op, _mask_text(i, rows))
+            meta_indices.extend(
+                torch.empty((rows,), dtype=torch.int64, device="meta") for _ in range(i.dim())
+            )
+        elif isinstance(i, torch.Tensor):
+            meta_indices.append(torch.empty_like(i, device="meta"))
+        else:
+            meta_indices.append(i)
+    meta = torch.ops.aten.index.Tensor(torch.empty_like(x, device="meta"), meta_indices)
+    return [torch.empty(meta.shape, dtype=meta.dtype)]
+
+
+def _unique(op: str, args: list[Any]) -> list[Any]:
+    x = args[0]
+    n = x.numel()
+    hooks.assumed(op, f"every element of a {tuple(x.shape)} tensor distinct: {n}")
+    values = torch.empty((n,), dtype=x.dtype)
+    inverse = torch.empty(x.shape, dtype=torch.int64)
+    counts = torch.empty((n,), dtype=torch.int64)
+    if op.startswith("aten::_unique."):
+        return [values, inverse]
+    return [values, inverse, counts]
+
+
+def _bincount(op: str, args: list[Any]) -> list[Any]:
+    minlength = int(args[2]) if len(args) > 2 and args[2] is not None else 0
+    weights = args[1] if len(args) > 1 else None
+    bins = max(minlength, 1)
+    hooks.assumed(op, f"{bins} bins (the largest value is not known)")
+    dtype = torch.float64 if isinstance(weights, torch.Tensor) else torch.int64
+    if isinstance(weights, torch.Tensor) and weights.dtype == torch.float32:
+        dtype = torch.float32
+    return [torch.empty((bins,), dtype=dtype)]
+
+
+def _repeat_interleave(op: str, args: list[Any]) -> list[Any]:
+    repeats = args[0]
+    hooks.assumed(op, f"each of {repeats.numel()} repeats taken as 1")
+    return [torch.empty((repeats.numel(),), dtype=repeats.dtype)]
+
+
+_ASSUMED: dict[str, Callable[[str, list[Any]], list[Any]]] = {
+    "aten::nonzero.default": _nonzero,
+    "aten::masked_select.default": _masked_select,
+    "aten::index.Tensor": _index,
+    "aten::_unique.default": _unique,
+    "aten::_unique2.default": _unique,
+    "aten::unique_dim.default": _unique,
+    "aten::unique_consecutive.default": _unique,
+    "aten::bincount.default": _bincount,
+    "aten::repeat_interleave.Tensor": _repeat_interleave,
+}
+
+
+def assumed_outputs(
+    name: str, op: Any, args: list[Any], dtypes: Sequence[torch.dtype | None]
+) -> list[Any] | None:
+    """A data-dependent op's outputs by assumption; None for an op of static shapes. (The
+    index op is data-dependent only with boolean masks.)"""
+    handler = _ASSUMED.get(name)
+    if handler is None:
+        return None
+    if name == "aten::index.Tensor" and not any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]
+    ):
+        return None
+    return handler(name, args)
+
+
+def unsupported(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{name} has an output shape that depends on the values, and shape-only mode "
+        "(NEURON_SIM_NUMERICS=off) has no assumption for it. Run with numerics on, or give "
+        "the op a static size (nonzero_static, an output_size argument)."
+    )
