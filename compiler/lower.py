@@ -58,8 +58,17 @@ class Instr:
     end_ns: float = 0.0
 
 
+def read_values(node: Node) -> list[Value]:
+    """The tensors the node reads: all its tensor arguments but a destination it overwrites
+    whole (copy_, fill_, zero_ write their destination without reading it)."""
+    if not op_table.overwrites_destination(node.op):
+        return list(node.tensor_args())
+    written = {a.argument for a in node.aliases if a.writes} | set(node.mutated_args)
+    return [v for k, (_, arg) in enumerate(node.args) if k not in written for v in values_in(arg)]
+
+
 def _tensor_types(g: Graph, node: Node) -> list[TensorType]:
-    return [g.type_of(v) for v in node.tensor_args()]
+    return [g.type_of(v) for v in read_values(node)]
 
 
 def _low_precision(types: list[TensorType]) -> bool:
@@ -282,7 +291,7 @@ def lower(
 
 def _node_buffers(g: Graph, i: int, plan: MemoryPlan) -> tuple[list[int], list[int]]:
     node = g.nodes[i]
-    reads = [plan.buffer_of[v] for v in node.tensor_args()]
+    reads = [plan.buffer_of[v] for v in read_values(node)]
     writes = [plan.buffer_of[Value(i, j)] for j in range(len(node.outputs))]
     writes += [plan.buffer_of[v] for v in _written_args(node)]
     return reads, writes
@@ -302,6 +311,9 @@ def _lower_node(
     if k.klass == C.VIEW:
         writes = [w for w in writes if plan.buffers[w].role != ex.ALIAS]
         b.add("none", k.klass, k.cost, i, reads, writes)
+        return
+    if i in plan.stored_in_place:  # its source was stored into the destination: nothing moves
+        b.add("none", k.klass, Cost.zero(), i, reads, [])
         return
     if k.klass in (C.DMA_COPY, C.COLLECTIVE):
         b.add("dma", k.klass, k.cost, i, reads, writes).nbytes = k.load_bytes
@@ -333,7 +345,7 @@ def _lower_group(
     reloads = 0
     for i in group:
         node, k = g.nodes[i], kernels[i]
-        outside = [v for v in node.tensor_args() if v.node is None or v.node not in inside]
+        outside = [v for v in read_values(node) if v.node is None or v.node not in inside]
         external += [plan.buffer_of[v] for v in outside]
         if k.klass == C.MATMUL:  # blocked GEMMs re-read operand panels beyond one pass
             reloads += max(0, k.load_bytes - sum(g.type_of(v).nbytes for v in node.tensor_args()))
@@ -352,15 +364,10 @@ def _lower_group(
         reads, writes = _node_buffers(g, i, plan)
         resident = [w for w in writes if plan.root(w).id in in_sbuf]
         leaving += [w for w in writes if plan.root(w).id not in in_sbuf]
-        store_bytes += sum(
-            plan.buffers[w].size
-            for w in writes
-            if plan.root(w).id not in in_sbuf and plan.buffers[w].role != ex.ALIAS
-        )
-        store_bytes += sum(g.type_of(v).nbytes for v in _written_args(g.nodes[i]))
-        engine = "none" if k.klass == C.VIEW else k.engine_name
+        store_bytes += _group_store_bytes(g, i, plan, in_sbuf)
+        engine, cost = _in_kernel(g, i, k, inside, target)
         compute = b.add(
-            engine, k.klass, k.cost, i, reads, resident, None if previous is None else previous.id
+            engine, k.klass, cost, i, reads, resident, None if previous is None else previous.id
         )
         compute.flops = k.flops
         compute.nbytes = k.load_bytes + k.store_bytes
@@ -371,6 +378,39 @@ def _lower_group(
             "dma", C.DMA_STORE, _dma(target, store_bytes, spread), None, [], leaving, previous.id
         )
         store.nbytes = store_bytes
+
+
+def _group_store_bytes(g: Graph, i: int, plan: MemoryPlan, in_sbuf: set[int]) -> int:
+    """What node i of a fused kernel sends to HBM: its outputs that are not views and not
+    kept in SBUF (a value stored into another buffer's memory included), and the tensors it
+    writes in place, each once."""
+    node = g.nodes[i]
+    total = 0
+    for j in range(len(node.outputs)):
+        w = plan.buffer_of[Value(i, j)]
+        if not _is_view_output(node, j) and plan.root(w).id not in in_sbuf:
+            total += plan.buffers[w].size
+    for v in _written_args(node):
+        if plan.root(plan.buffer_of[v]).id not in in_sbuf:
+            total += g.type_of(v).nbytes
+    return total
+
+
+def _in_kernel(g: Graph, i: int, k: Kernel, inside: set[int], target: Target) -> tuple[str, Cost]:
+    """The engine and cost of node i inside a fused kernel. A copy there moves no data of its
+    own: what it reads came in with the kernel's load (or was computed in the kernel) and what
+    it writes leaves with the kernel's store. Copying a value the kernel computed is the
+    producer writing its result in the destination's type (engines convert on write, free);
+    copying a loaded value is one pass over it on the Vector engine."""
+    if k.klass == C.VIEW:
+        return "none", k.cost
+    if k.klass != C.DMA_COPY:
+        return k.engine_name, k.cost
+    sources = read_values(g.nodes[i])
+    if sources and all(v.node is not None and v.node in inside for v in sources):
+        return "none", Cost.zero()
+    elements = max((t.numel for t in g.nodes[i].outputs), default=0)
+    return "vector", cost_model.tensor_scalar(target, elements)
 
 
 def _add_reuse_deps(b: _Builder, plan: MemoryPlan) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trnsim.compiler.graph import Graph, Value
+from trnsim.compiler import op_table
+from trnsim.compiler.graph import Graph, Node, Value, values_in
 from trnsim.protos import executable_pb2 as ex
 
 ALIGNMENT = 64  # bytes; offsets in a scratch arena are multiples of this
@@ -37,6 +38,8 @@ class MemoryPlan:
     hbm_io_bytes: int = 0
     sbuf_internal_bytes: int = 0
     sbuf_tiles: int = 1
+    # copy_ nodes whose source was stored straight into their destination (nothing to move)
+    stored_in_place: set[int] = field(default_factory=set)
 
     def root(self, buffer_id: int) -> PlannedBuffer:
         """The buffer that owns the memory of buffer_id (following ALIAS links)."""
@@ -156,6 +159,75 @@ def _keep_in_sbuf(g: Graph, plan: MemoryPlan, groups: list[list[int]]) -> None:
             b.memory = ex.SBUF
 
 
+# Ops that may write their result over an operand they read (element i of the output depends
+# on element i of the operands only), as XLA's buffer assignment lets elementwise ops do.
+_ELEMENTWISE = frozenset({ex.TENSOR_TENSOR, ex.TENSOR_SCALAR, ex.ACTIVATION})
+
+
+def _store_in_place(g: Graph, plan: MemoryPlan, groups: list[list[int]] | None) -> None:
+    """A copy_ of a value computed in the graph into a graph input, the value's last use (a
+    functionalized graph's write-back of updated parameters and optimizer state): the
+    producer stores the value straight into the input's memory, as XLA does for an output
+    aliased to a donated input, and the copy moves nothing. Only when the input is neither
+    read nor written between the producer and the copy (its old contents are dead by then)."""
+    fused = {n for nodes in groups or [] if len(nodes) > 1 for n in nodes}
+    touched = _nodes_touching(g, plan)
+    for i, node in enumerate(g.nodes):
+        if i in fused or node.name != "aten::copy_" or len(list(node.tensor_args())) != 2:
+            continue
+        dst, src = node.tensor_args()
+        if dst.node is not None or src.node is None or not _same_layout(g, dst, src):
+            continue
+        source = plan.buffers[plan.buffer_of[src]]
+        destination = plan.buffers[plan.buffer_of[dst]]
+        if source.role != ex.INTERNAL or any(n > i for n in touched[source.id]):
+            continue
+        producer = src.node
+        in_place_ok = _elementwise_over(g.nodes[producer], src.index, plan, destination.id)
+        if any(
+            n != i and (n > producer or (n == producer and not in_place_ok))
+            for n in touched[destination.id]
+        ):
+            continue
+        source.role, source.alias_of = ex.ALIAS, destination.id
+        touched[destination.id] |= touched[source.id]
+        plan.stored_in_place.add(i)
+
+
+def _elementwise_over(node: Node, output: int, plan: MemoryPlan, buffer: int) -> bool:
+    """Whether output `output` of an elementwise node may overwrite `buffer` as it is made:
+    every element of it is read only to compute the same element of that output. A foreach
+    op's output j pairs with member j of its lists, so its other members must not be it."""
+    if op_table.classify(node.op) not in _ELEMENTWISE:
+        return False
+    for _, arg in node.args:
+        members = arg if isinstance(arg, tuple) else (arg,)
+        for j, member in enumerate(members):
+            mine = j == output if isinstance(arg, tuple) else len(node.outputs) == 1
+            for v in values_in(member):
+                if plan.root(plan.buffer_of[v]).id == buffer and not mine:
+                    return False
+    return True
+
+
+def _same_layout(g: Graph, a: Value, b: Value) -> bool:
+    ta, tb = g.type_of(a), g.type_of(b)
+    return (ta.shape, ta.strides, ta.dtype) == (tb.shape, tb.strides, tb.dtype)
+
+
+def _nodes_touching(g: Graph, plan: MemoryPlan) -> dict[int, set[int]]:
+    """Per root buffer: the nodes that read or write it (through views too)."""
+    touched: dict[int, set[int]] = {b.id: set() for b in plan.buffers}
+    for i, node in enumerate(g.nodes):
+        for v in [*node.tensor_args(), *_outputs(node, i)]:
+            touched[plan.root(plan.buffer_of[v]).id].add(i)
+    return touched
+
+
+def _outputs(node: Node, i: int) -> list[Value]:
+    return [Value(i, j) for j in range(len(node.outputs))]
+
+
 def memory_plan(
     g: Graph,
     sbuf_tiles: list[int],
@@ -170,6 +242,7 @@ def memory_plan(
     passes over slices of its data, so a slice of every intermediate is live at a time.
     """
     plan = plan_values(g)
+    _store_in_place(g, plan, groups)
     if groups is not None:
         _keep_in_sbuf(g, plan, groups)
     internal = [b for b in plan.buffers if b.role == ex.INTERNAL and b.memory == ex.HBM]

@@ -128,6 +128,14 @@ def classify(op: str) -> int:
     return TABLE.get(base_name(op), C.GENERIC)
 
 
+# In-place ops that overwrite their destination whole: they write it without reading it.
+_OVERWRITES = frozenset(["copy", "fill", "zero"])
+
+
+def overwrites_destination(op: str) -> bool:
+    return base_name(op) in _OVERWRITES
+
+
 def has_side_effects(op: str) -> bool:
     return base_name(op) in _SIDE_EFFECTS
 
