@@ -1,9 +1,12 @@
 """Time to first training step of N ranks on one host, launched by the real torchrun.
 
     python benchmarks/ttfs.py [--ranks 1,2,4,8] [--scale 1.0] [--modes eager,adaptive]
+                              [--model llama-3.2-1b [--layout fsdp]]
 
 Each rank (benchmarks/ttfs_rank.py) trains a small Llama-style model to its first
-optimizer.step() and loss.item(). Per mode and N, three settings in turn:
+optimizer.step() and loss.item(). With --model, each rank (benchmarks/scale_rank.py)
+trains that full-size model of benchmarks/scale.py instead, shape-only
+(NEURON_SIM_NUMERICS=off), laid out over the ranks with FSDP2 (or tensor parallelism). Per mode and N, three settings in turn:
 - off:  a cold cache with the daemon off: every rank compiles everything for itself;
 - cold: a cold cache through one daemon, auto-started by the ranks (its own socket and cache);
 - warm: the same daemon again (a second launch): its cache holds every executable.
@@ -33,16 +36,20 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 
 
+RANK_SCRIPT: list[str] = [str(HERE / "ttfs_rank.py")]  # (--model: scale_rank.py and its args)
+
+
 def launch(n: int, env: dict[str, str], out: Path) -> list[dict[str, float]]:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     env = {**env, "TTFS_OUT": str(out), "TTFS_T0": repr(time.time())}
+    script = [*RANK_SCRIPT, str(out)] if len(RANK_SCRIPT) > 1 else RANK_SCRIPT
     subprocess.run(
         [
             str(BIN / "torchrun"),
             "--standalone",
             f"--nproc_per_node={n}",
-            str(HERE / "ttfs_rank.py"),
+            *script,
         ],
         env=env,
         check=True,
@@ -50,7 +57,11 @@ def launch(n: int, env: dict[str, str], out: Path) -> list[dict[str, float]]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    return [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    failed = [r for r in ranks if "error" in r]
+    if failed:
+        raise SystemExit(f"rank {failed[0]['rank']} failed: {failed[0]['error']}")
+    return ranks
 
 
 def daemon_stats(env: dict[str, str]) -> dict[str, int]:
@@ -133,7 +144,21 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2,4,8")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--modes", default="eager,adaptive")
+    parser.add_argument(
+        "--model", help="a full-size model of benchmarks/scale.py, shape-only (llama-3.2-1b)"
+    )
+    parser.add_argument("--layout", default="fsdp", help="with --model: fsdp or tp")
+    parser.add_argument("--steps", type=int, default=3, help="with --model: steps per rank")
     args = parser.parse_args()
+    if args.model:
+        os.environ["NEURON_SIM_NUMERICS"] = "off"
+        RANK_SCRIPT[:] = [
+            str(HERE / "scale_rank.py"),
+            args.model,
+            args.layout,
+            "env",
+            str(args.steps),
+        ]
     print(f"compile scale {args.scale} (CPU s per modelled compile s), {os.cpu_count()} CPUs")
     single: dict[str, float] = {}
     for mode in args.modes.split(","):

@@ -12,6 +12,7 @@ import time
 LAUNCHED = float(os.environ["TTFS_T0"])  # the launcher's clock when it started torchrun
 
 import torch
+from compile_wait import time_compiles
 from torch import nn
 
 
@@ -75,26 +76,6 @@ class Llama(nn.Module):
             x = block(x, self.cos, self.sin)
         logits = self.head(self.norm(x))
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
-def time_compiles() -> list[float]:
-    """Wall seconds this rank spends waiting in blocking compiles (the compile part of its
-    time to first step), accumulated in the returned list's one item."""
-    from trnsim.client import runtime
-
-    client = runtime.get().compiler
-    compile_blocking = client.compile
-    spent = [0.0]
-
-    def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        try:
-            return compile_blocking(*args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - start
-
-    client.compile = timed  # type: ignore[method-assign]
-    return spent
 
 
 def main() -> None:

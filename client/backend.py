@@ -337,9 +337,10 @@ def register() -> None:
 
     shapes.start_from_env()  # NEURON_RECORD_SHAPES
     explain.write_at_exit()  # NEURON_EXPLAIN
-    from trnsim.client import autocast
+    from trnsim.client import attention, autocast
 
     _state["autocast"] = autocast.register()
+    _state["attention"] = attention.register()  # SDPA's fused backend, as the CPU picks it
     if torch.distributed.is_available():
         from trnsim.client import distributed
 

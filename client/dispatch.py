@@ -199,8 +199,10 @@ def _execute(
         result, out = inputs[index], tensors[index]
         if out.shape != result.shape:
             out.resize_(result.shape)
-        if rt.numerics:
+        if rt.numerics or shape_only.is_real(result):
             rt.host_alias(out).copy_(result)
+        if not rt.numerics:
+            shape_only.settle(out, result)
     rt.launch(loaded)
     if entry.dynamic:
         rt.synchronize()
@@ -455,7 +457,7 @@ def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
     if dst.is_cpu:  # device -> host: the host needs the device's results
         rt.device_to_host(src.numel() * src.element_size(), non_blocking and is_pinned(dst))
-        if rt.numerics:
+        if rt.numerics or shape_only.is_real(src):
             transfer(dst, memory.to_host_alias(src))
         else:
             explaining.note_placeholder("a copy to the host (.cpu(), .tolist(), print)")
@@ -465,6 +467,9 @@ def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
         rt.host_to_device(src.numel() * src.element_size(), non_blocking and is_pinned(src))
         if rt.numerics:
             transfer(memory.to_host_alias(dst), src, non_blocking)
+        elif shape_only.host_supplied(dst):  # (ids, masks: the model's control flow reads them)
+            transfer(memory.to_host_alias(dst), src)
+            shape_only.mark_real([dst])
         else:
             shape_only.forget(dst.untyped_storage().data_ptr())
     return dst
@@ -474,7 +479,7 @@ def _local_scalar_dense(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, A
     rt = runtime.get()
     rt.metrics.counts["ops_dispatched"] += 1
     rt.device_to_host(args[0].element_size())
-    if not rt.numerics:
+    if not rt.numerics and not shape_only.is_real(args[0]):
         explaining.note_placeholder(".item() (a Python number or truth value of a tensor)")
         return _placeholder(args[0].dtype)
     return memory.to_host_alias(args[0]).item()

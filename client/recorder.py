@@ -50,7 +50,7 @@ from trnsim.compiler.graph import (
 )
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.scheduler import boundaries, compile_policy
-from trnsim.simulator import dtypes, execute
+from trnsim.simulator import dtypes, execute, shape_only
 from trnsim.simulator.execute import ExecutionError
 
 log = logging.getLogger(__name__)
@@ -501,7 +501,10 @@ class Recorder:
                 for j, (r, result) in enumerate(zip(kinds, results, strict=True)):
                     if r.kind is FRESH:
                         host, seen_out = next(made), next(seen)
-                        result = _settle(host, result, seen_out) if rt.numerics else host
+                        if rt.numerics:
+                            result = _settle(host, result, seen_out)
+                        else:
+                            result = shape_only.settle(host, result)
                     env[Value(i, j)] = result
             except Exception as e:  # noqa: BLE001  (named with the op and its source line)
                 cause = e.cause if isinstance(e, ExecutionError) else e

@@ -216,13 +216,24 @@ class _Step:
             return self.call_op(*args, **kwargs)
         return self.call_op(*args)
 
-    def shape_only(self, inputs: Inputs, env: Env, scalars: Scalars) -> list[Any]:
+    def shape_only(
+        self, inputs: Inputs, env: Env, scalars: Scalars, generator: torch.Generator | None
+    ) -> list[Any]:
         """The step with numerics off: its outputs as a flat list, made without computing
         (a view is taken for real: it computes nothing). Fresh outputs are new tensors of
-        the declared layout whose memory is never touched; written ones are the argument."""
-        if self.is_view:
+        the declared layout whose memory is never touched; written ones are the argument.
+        A small op over values the host supplied is computed (shape_only.computes)."""
+        if self.is_view or self.name in shape_only.METADATA_ONLY:
             return _flatten(self._call(inputs, env, scalars, None))
         args = [b(inputs, env, scalars) for b in self.arguments]
+        written = list(self.written.values())
+        if shape_only.computes(self.name, args, written, self.declared, self.dtypes):
+            result = self.call(inputs, env, scalars, generator)
+            if self.conforms:
+                result = self.conform(result)
+            flat = _flatten(result)
+            shape_only.mark_real(flat)
+            return flat
         assumed = shape_only.assumed_outputs(self.name, self.op, args, self.dtypes)
         if assumed is not None:
             return assumed
@@ -323,7 +334,7 @@ class LoadedExecutable:
         out= kernel can compute are written there: those results are the buffers."""
         env: Env = {}
         if not shape_only.NUMERICS.on:
-            return self._run_shapes(inputs, scalars, into)
+            return self._run_shapes(inputs, scalars, generator, into)
         if self.single:
             step = self.steps[0]
             try:
@@ -349,14 +360,19 @@ class LoadedExecutable:
         return [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
 
     def _run_shapes(
-        self, inputs: Inputs, scalars: Scalars, into: Sequence[torch.Tensor] | None
+        self,
+        inputs: Inputs,
+        scalars: Scalars,
+        generator: torch.Generator | None,
+        into: Sequence[torch.Tensor] | None,
     ) -> list[Any]:
-        """run() with numerics off: the same outputs, of the same shapes, none computed.
-        With `into`, every output is the caller's buffer (nothing to copy there)."""
+        """run() with numerics off: the same outputs, of the same shapes, computed only
+        where shape_only.computes says. With `into`, every output is the caller's buffer
+        (a computed one copied there)."""
         env: Env = {}
         for step in self.steps:
             try:
-                result = step.shape_only(inputs, env, scalars)
+                result = step.shape_only(inputs, env, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
             if self.single:
@@ -365,7 +381,9 @@ class LoadedExecutable:
                 env[(step.node, j)] = r
         outs = [inputs[i] if n == -1 else env[(n, i)] for n, i in self.outputs]
         if into is not None:
-            outs = [b if b is not None else o for b, o in zip(into, outs, strict=True)]
+            outs = [
+                o if b is None else shape_only.settle(b, o) for b, o in zip(into, outs, strict=True)
+            ]
         return outs
 
     def at_size(self, graph: graph_pb2.Graph, debug: graph_pb2.GraphDebug) -> LoadedExecutable:

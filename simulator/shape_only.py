@@ -14,6 +14,13 @@ Ops whose output shape depends on values take an assumption instead:
 - unique and its kin: every element distinct (the upper bound).
 - bincount: max(minlength, 1) bins; repeat_interleave with a repeats tensor: one each.
 Each assumption is reported through `hooks.assumed` (torch.neuron.explain lists them).
+
+Values the host supplied stay real: integer and boolean tensors copied to the device
+(token ids, masks, labels, positions) and tensors made from nothing (arange, full), and a
+small op (SMALL_BYTES of operands and results) whose operands are all real is computed, its
+results real too. So the model's own control flow over its masks and positions (is every
+token attended? where does the padding start?) takes the branch it takes with numerics
+on, while everything that depends on weights or activations is a placeholder.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ NUMERICS = _Numerics()
 def set_numerics(on: bool) -> None:
     NUMERICS.on = on
     density.clear()
+    real.clear()
 
 
 class _Hooks:
@@ -54,9 +62,97 @@ density: dict[int, float] = {}
 
 
 def forget(storage_ptr: int) -> None:
-    """A storage was (re)allocated at this address: what was known of the old one goes."""
+    """A storage was (re)allocated or overwritten with unknown values at this address:
+    what was known of the old one goes."""
     if density:
         density.pop(storage_ptr, None)
+    real.discard(storage_ptr)
+
+
+# -- real values --------------------------------------------------------------------------------
+SMALL_BYTES = 1 << 20  # an op over real values with operands and results this small computes
+real: set[int] = set()  # storages (by address) whose values are real
+
+# In-place ops whose written argument's old values are never read.
+_OVERWRITES = frozenset(
+    [
+        "fill_",
+        "zero_",
+        "copy_",
+        "normal_",
+        "uniform_",
+        "random_",
+        "bernoulli_",
+        "exponential_",
+        "geometric_",
+        "log_normal_",
+        "cauchy_",
+        "arange",
+    ]
+)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def is_real(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and _ptr(t) in real
+
+
+def mark_real(values: list[Any]) -> None:
+    for t in values:
+        if isinstance(t, torch.Tensor):
+            real.add(_ptr(t))
+
+
+def host_supplied(t: torch.Tensor) -> bool:
+    """Whether a copy from the host makes t's storage real: integer and boolean data (ids,
+    masks, labels, positions) covering the whole storage. Floating data (weights, features)
+    is left unknown: what it feeds is what shape-only mode does not compute."""
+    whole = t.numel() * t.element_size() == t.untyped_storage().nbytes()
+    return whole and not (t.is_floating_point() or t.is_complex())
+
+
+def computes(
+    name: str,
+    args: list[Any],
+    written: list[int],
+    declared: Sequence[tuple[tuple[int, ...], tuple[int, ...]] | None],
+    dtypes: Sequence[torch.dtype | None],
+) -> bool:
+    """Whether this op is computed in shape-only mode: every tensor it reads is real and
+    its operands and results together are at most SMALL_BYTES."""
+    base = name.split("::", 1)[-1].split(".", 1)[0]
+    skip = set(written) if base in _OVERWRITES else set()
+    nbytes = 0
+    for i, a in enumerate(args):
+        for t in _tensors(a):
+            nbytes += t.numel() * t.element_size()
+            if i not in skip and _ptr(t) not in real:
+                return False
+    for d, dtype in zip(declared, dtypes, strict=True):
+        if d is not None and dtype is not None:
+            n = dtype.itemsize
+            for size in d[0]:
+                n *= size
+            nbytes += n
+    return nbytes <= SMALL_BYTES
+
+
+def settle(buffer: torch.Tensor, result: Any) -> torch.Tensor:
+    """A graph output's buffer after a shape-only run: the computed result copied in (it is
+    small), or the buffer left unknown."""
+    if result is not buffer and is_real(result):
+        buffer.copy_(result)
+        real.add(_ptr(buffer))
+    elif not is_real(result):
+        forget(_ptr(buffer))
+    return buffer
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -108,6 +204,7 @@ def fresh(
     """A new output of the declared layout, its memory untouched."""
     t = torch.empty_strided(declared[0], declared[1], dtype=dtype)
     ptr = _ptr(t)
+    real.discard(ptr)
     if name in _ZEROS:
         density[ptr] = 0.0
     elif name in _SCATTERS and isinstance(args[0], torch.Tensor):
@@ -137,6 +234,7 @@ def written(
     if declared is not None and tuple(t.shape) != declared[0]:
         return torch.empty_strided(declared[0], declared[1], dtype=t.dtype)
     ptr = _ptr(t)
+    real.discard(ptr)
     if name == "aten::zero_.default" or (
         name == "aten::fill_.Scalar" and len(args) > 1 and args[1] == 0
     ):
@@ -147,6 +245,11 @@ def written(
         forget(ptr)
     return t
 
+
+# Ops returning a Python value decided by metadata alone (shapes, dtypes, flags), never by
+# the elements: run for real in shape-only mode (SDPA's backend choice: flash attention or
+# the math decomposition, as the CPU would choose).
+METADATA_ONLY = frozenset(["aten::_fused_sdp_choice.default", "aten::is_same_size.default"])
 
 _PLACEHOLDERS = {"bool": False, "int": 0, "SymInt": 0, "float": 0.0, "Scalar": 0}
 
@@ -272,7 +375,10 @@ def assumed_outputs(
         isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]
     ):
         return None
-    return handler(name, args)
+    outs = handler(name, args)
+    for t in outs:
+        forget(_ptr(t))
+    return outs
 
 
 def unsupported(name: str) -> NotImplementedError:

@@ -80,7 +80,9 @@ def measure(name: str, mode: str) -> dict[str, Any]:
     m = torch.neuron.metrics()
     rt = runtime.get()
     keys = hashlib.sha256("\n".join(sorted(rt.executables)).encode()).hexdigest()[:12]
-    assumed = [a for a in explain.explain().shape_only if a["kind"] == "assumed"]
+    report = explain.explain().shape_only
+    assumed = [a for a in report if a["kind"] == "assumed"]
+    read = [a for a in report if a["kind"] == "placeholder"]
     if mode == "compiled":
         torch._dynamo.reset()
     return {
@@ -92,6 +94,7 @@ def measure(name: str, mode: str) -> dict[str, Any]:
         "hbm_bytes": m["hbm_bytes"],
         "device_busy_ns": m["device_busy_ns"],
         "assumed": [f"{a['op']} at {a['where']}: {a['what']}" for a in assumed],
+        "placeholders": [f"{a['op']} at {a['where']}" for a in read],
     }
 
 
@@ -152,9 +155,11 @@ def compare(name: str, on: dict[str, Any], off: dict[str, Any]) -> list[dict[str
             if b["assumed"]:
                 row |= {"verdict": "assumed", "why": "; ".join(dict.fromkeys(b["assumed"]))}
             elif differ:
+                read = "; ".join(b["placeholders"])
                 row |= {
                     "verdict": "DIFFERENT",
-                    "why": ", ".join(f"{k} {a[k]} vs {b[k]}" for k in differ),
+                    "why": ", ".join(f"{k} {a[k]} vs {b[k]}" for k in differ)
+                    + (f" (the host read placeholders: {read})" if read else ""),
                 }
             else:
                 row |= {"verdict": "same", "why": ""}

@@ -1,0 +1,147 @@
+"""One rank of a full-size model trained shape-only under torchrun (benchmarks/scale.py
+--ranks, benchmarks/ttfs.py --model): the model is built on the meta device, laid out over
+the ranks (FSDP2: every decoder layer and the root fully_shard'ed; TP: Megatron-style
+column/row parallel attention and MLP over all ranks), materialised on the neuron device
+with to_empty, and trained with AdamW under bf16 autocast.
+
+    torchrun --nproc-per-node N benchmarks/scale_rank.py MODEL LAYOUT MODE STEPS OUT_DIR
+
+MODE: eager, adaptive, compiled, or env (NEURON_EAGER's).
+
+Writes $OUT_DIR/rank-$RANK.json: the simulated clock after each step, real seconds per step
+and to the end of the first step (from the launcher's TTFS_T0), the wall time spent in
+blocking compiles, HBM peak and peak RSS (what benchmarks/ttfs.py reads too), or the error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+LAUNCHED = float(os.environ.get("TTFS_T0", time.time()))
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compile_wait import time_compiles
+from scale import SPECS, batch_for, model_flops_per_step
+
+
+def fsdp(model: Any, world: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("neuron", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def tp(model: Any, world: int) -> None:
+    """Attention heads and the MLP's width split over the ranks (q/k/v/gate/up by column,
+    o/down by row): each layer's forward has two all-reduces, as in Megatron-LM."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("neuron", (world,))
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    config = model.config
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, plan)
+        attn = layer.self_attn  # (its forward views heads from its config: local counts)
+        attn.config = type(config).from_dict(
+            config.to_dict()
+            | {
+                "num_attention_heads": config.num_attention_heads // world,
+                "num_key_value_heads": config.num_key_value_heads // world,
+            }
+        )
+
+
+def main() -> None:
+    name, layout, mode, steps, out_dir = sys.argv[1:6]
+    if mode == "env":  # (benchmarks/ttfs.py sets the mode in NEURON_EAGER)
+        mode = os.environ.get("NEURON_EAGER", "eager")
+    warnings.simplefilter("ignore")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("neuron")
+    spec = SPECS[name]
+    out: dict[str, Any] = {"rank": rank}
+    torch.neuron.set_eager_mode("eager" if mode == "compiled" else mode)
+    compile_wait = time_compiles()
+    try:
+        with torch.device("meta"):
+            model = spec.build()
+        flops = model_flops_per_step(model, spec)
+        {"fsdp": fsdp, "tp": tp}[layout](model, world)
+        model.to_empty(device="neuron")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        forward = torch.compile(model, backend="neuron") if mode == "compiled" else model
+
+        def update() -> None:
+            opt.step()
+
+        apply = torch.compile(update, backend="neuron") if mode == "compiled" else update
+        batch = batch_for(spec)
+        walls, reals = [], []
+        for step in range(int(steps)):
+            real = time.perf_counter()
+            with torch.autocast("neuron", dtype=torch.bfloat16):
+                loss = forward(**batch).loss
+            loss.backward()
+            apply()
+            opt.zero_grad(set_to_none=True)
+            loss.item()
+            torch.neuron.synchronize()
+            walls.append(torch.neuron.metrics()["wall_ns"])
+            reals.append(time.perf_counter() - real)
+            if step == 0:
+                out["ttfs_wall_s"] = time.time() - LAUNCHED
+                out["compile_wait_wall_s"] = compile_wait[0]
+        m = torch.neuron.metrics()
+        out |= {
+            "first_step_wall_s": reals[0],
+            "steady_step_wall_s": min(reals[1:]),
+            "ttfs_sim_s": walls[0] / 1e9,
+            "steady_step_sim_us": (walls[-1] - walls[-2]) / 1e3,
+            "compile_wait_sim_s": m["compile_wait_ns"] / 1e9,
+            "executables_compiled": m["executables_compiled"],
+            "executables_fetched": m["executables_fetched"],
+            "fused_compiles_requested": m["fused_compiles_requested"],
+            "walls_ns": walls,
+            "reals_s": reals,
+            "flops": flops,
+            "hbm_peak": torch.neuron.max_memory_allocated(),
+            "launches": m["launches"],
+            "collectives": m["collectives"],
+        }
+    except torch.OutOfMemoryError as e:
+        out["error"] = f"OutOfMemoryError: {str(e).splitlines()[0][:200]}"
+    out["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Fused attention for neuron tensors: scaled_dot_product_attention takes the backend the
+CPU would take for the same shapes, dtypes and arguments.
+
+PyTorch picks SDPA's backend through a C++ dispatch stub that only a C++ backend can fill;
+for a Python backend it always picks the math decomposition, which materialises the
+(batch, heads, sequence, sequence) attention matrix in HBM, forward and backward: 512 MiB
+per layer for a Llama 1B at 2048 tokens, where Trainium's fused attention kernels keep it
+in SBUF. So the op is registered for the device here (AutogradPrivateUse1 and PrivateUse1):
+where the CPU's choice (`_fused_sdp_choice`) is flash attention, it runs the CPU's flash
+kernel (`_scaled_dot_product_flash_attention_for_cpu`, with its own backward): one op,
+priced as a fused attention kernel (compiler/op_table.py), its results bit for bit the
+CPU's; otherwise the math decomposition, as before. Under torch.compile the same choice is
+made from the inputs' metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+_FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
+
+
+def _choice(q: Any, k: Any, v: Any, mask: Any, dropout_p: float, causal: bool, **kw: Any) -> int:
+    """The backend the CPU would choose: asked of the device's own tensors (their host
+    memory is the CPU's), or of CPU stand-ins of the same geometry while tracing (fake and
+    functional tensors would get the Meta kernel's answer, which is always math)."""
+    choose = torch.ops.aten._fused_sdp_choice.default
+    if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor:
+        return int(choose(q, k, v, mask, dropout_p, causal, **kw))
+    with _disable_current_modes():
+        try:
+            stand = [_stand_in(t) for t in (q, k, v)]
+            m = None if mask is None else _stand_in(mask)
+        except TypeError:  # (symbolic sizes: the math decomposition, as before)
+            return 0
+        return int(choose(*stand, m, dropout_p, causal, **kw))
+
+
+def _stand_in(t: Any) -> torch.Tensor:
+    """A CPU tensor of t's geometry over memory that is never touched."""
+    shape = [int(s) for s in t.shape]
+    stride = [int(s) for s in t.stride()]
+    return torch.empty_strided(shape, stride, dtype=t.dtype, device="cpu")
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    kw = {"scale": scale, "enable_gqa": enable_gqa}
+    choice = _choice(query, key, value, attn_mask, dropout_p, is_causal, **kw)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # (as PyTorch's own SDPA does before any backend: False is -inf, True is 0)
+        additive = torch.zeros_like(attn_mask, dtype=query.dtype)
+        attn_mask = additive.masked_fill_(attn_mask.logical_not(), float("-inf"))
+    if choice == _FLASH:
+        if enable_gqa and key.shape[-3] != query.shape[-3]:
+            groups = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+        )
+        return out  # type: ignore[no-any-return]
+    out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, None, **kw
+    )
+    return out  # type: ignore[no-any-return]
+
+
+def register() -> torch.library.Library:
+    lib = torch.library.Library("aten", "IMPL")
+    for key in ("AutogradPrivateUse1", "PrivateUse1"):
+        lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, key)
+    return lib
