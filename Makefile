@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := package protos simulator compiler scheduler daemon client
 
-.PHONY: setup test test-slow soak lint protos explain demo bench conformance zoo clean
+.PHONY: setup test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,11 @@ bench: setup
 # model, two at a time: a table of eager and adaptive against CPU and adaptive against eager.
 zoo: setup
 	$(PY) tests/zoo/zoo.py
+
+# Shape-only mode (NEURON_SIM_NUMERICS=off) against numerics on, every zoo model and mode:
+# the same simulated time, launches, executables and HBM (docs/shape-only.md).
+zoo-invariant: setup
+	$(PY) tests/zoo/invariant.py
 
 # All of PyTorch's OpInfo float32 samples on neuron vs CPU (about half an hour).
 conformance: setup

@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py [--targets trn2,trn1] [--models gpt2-124m,bert-large,...]
                                [--modes eager,adaptive,compiled] [--steps 4] [--json FILE]
+                               [--parallel llama-3.2-1b:fsdp:8,llama-3.1-8b:tp:8]
 
 Each model is built from its published config (transformers' config classes, offline, no
 weights) directly on the device (`with torch.device("neuron")`), and trained with AdamW
@@ -21,6 +22,10 @@ the row then says how much model state it has and the smallest data-parallel sha
 
 In compiled mode the model's forward and backward and the optimizer step are each
 torch.compile'd (backend="neuron"), as a real Trainium run compiles the whole step.
+
+--parallel adds rows trained under the real torchrun, one process per NeuronCore
+(benchmarks/scale_rank.py: FSDP2 or tensor parallelism over N ranks); their tokens/s and
+MFU are per core, their RSS the largest rank's.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ SPECS = {
     for s in (
         Spec("gpt2-124m", _gpt2, 2, 1024, "causal"),
         Spec("bert-large", _bert_large, 16, 128, "bert"),
-        Spec("llama-3.2-1b", _llama(2048, 8192, 16, True), 1, 2048, "causal"),
+        Spec("llama-3.2-1b", _llama(2048, 8192, 16, True), 1, 1024, "causal"),
         Spec("llama-3.1-8b", _llama(4096, 14336, 32, False), 1, 2048, "causal"),
         Spec(
             "mixtral-8x7b-1layer",
@@ -227,22 +232,26 @@ def run_one(name: str, mode: str, steps: int) -> dict[str, Any]:
     }
 
 
-def _does_not_fit(params: int | None, spec: Spec, hbm: int, error: Exception) -> dict[str, Any]:
-    """The row of a model that raised OutOfMemoryError: its model state, and the smallest
-    power-of-two FSDP (ZeRO-3) sharding whose per-core model state fits in 80 % of HBM
-    (activations at this micro-batch come on top)."""
-    first = str(error).splitlines()[0]
+def _does_not_fit(
+    params: int | None, spec: Spec, hbm: int, error: Exception | str, shards: int = 1, how: str = ""
+) -> dict[str, Any]:
+    """The row of a model that raised OutOfMemoryError: its model state per core (already
+    split `shards` ways by `how`), and the smallest power-of-two FSDP (ZeRO-3) sharding on
+    top whose per-core model state fits in 80 % of HBM (activations at this micro-batch
+    come on top)."""
+    first = str(error).splitlines()[0].removeprefix("OutOfMemoryError: ")
     row: dict[str, Any] = {"error": f"OutOfMemoryError: {first[:160]}"}
     if params is None:
         return row
-    state = params * STATE_BYTES_PER_PARAM
+    state = params * STATE_BYTES_PER_PARAM / shards
     cores = 1
     while state / cores > 0.8 * hbm and cores < 1024:
         cores *= 2
+    layout = f"FSDP over {cores} cores" if not how else f"{how} x FSDP over {cores}"
     row |= {
         "params": params,
         "state_gib": state / GiB,
-        "fits": f"FSDP over {cores} cores ({state / cores / GiB:.1f} GiB of state each)",
+        "fits": f"{layout} ({state / cores / GiB:.1f} GiB of state per core)",
     }
     return row
 
@@ -268,6 +277,78 @@ def launch(name: str, target: str, mode: str, steps: int, timeout: float) -> dic
             return dict(json.loads(line))
     tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
     return {"model": name, "target": target, "mode": mode, "error": tail[0][:200]}
+
+
+def launch_ranks(
+    name: str, target: str, mode: str, steps: int, layout: str, ranks: int, timeout: float
+) -> dict[str, Any]:
+    """One row trained by `ranks` processes under torchrun (benchmarks/scale_rank.py)."""
+    import shutil
+    import tempfile
+
+    spec = SPECS[name]
+    out = Path(tempfile.mkdtemp(prefix="scale-"))
+    env = {
+        **os.environ,
+        "NEURON_SIM_NUMERICS": "off",
+        "NEURON_SIM_TARGET": target,
+        "NEURON_SIM_COMPILE_SCALE": "0",
+        "NEURON_COMPILE_DAEMON": os.environ.get("NEURON_COMPILE_DAEMON", "off"),
+        "NEURON_LOG_LEVEL": "warning",
+        "OMP_NUM_THREADS": "1",
+        "TTFS_T0": repr(time.time()),
+    }
+    here = Path(__file__).resolve().parent
+    cmd = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        str(here / "scale_rank.py"),
+        name,
+        layout,
+        mode,
+        str(steps),
+        str(out),
+    ]
+    how = f"{layout.upper()} over {ranks}"
+    row: dict[str, Any] = {"model": f"{name} {how}", "target": target, "mode": mode}
+    try:
+        subprocess.run(cmd, check=False, env=env, capture_output=True, timeout=timeout)
+        results = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    except subprocess.TimeoutExpired:
+        return row | {"error": f"timeout {timeout} s"}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if len(results) != ranks:
+        return row | {"error": f"{ranks - len(results)} of {ranks} ranks died (see torchrun)"}
+    first = results[0]
+    row |= {"batch": f"{spec.batch}x{spec.seq}", "reduced": spec.reduced}
+    if "error" in first:
+        props_hbm = _HBM[target]
+        fit = _does_not_fit(first.get("params"), spec, props_hbm, first["error"], ranks, how)
+        return row | fit
+    walls = first["walls_ns"]
+    step_s = (walls[-1] - walls[-2]) / 1e9
+    tokens = spec.batch * spec.seq
+    peak = _PEAK_BF16[target] * 1e12
+    return row | {
+        "params": first["params"],
+        "step_ms": step_s * 1e3,
+        "tokens_per_s": tokens / step_s,
+        "sequences_per_s": spec.batch / step_s,
+        "mfu": first["flops"] / step_s / peak,
+        "hbm_peak_gib": max(r["hbm_peak"] for r in results) / GiB,
+        "ttfs_sim_s": max(r["ttfs_sim_s"] for r in results),
+        "real_s_per_step": max(min(r["reals_s"][1:]) for r in results),
+        "rss_mib": max(r["rss_mib"] for r in results),
+        "launches": first["launches"],
+    }
+
+
+# One NeuronCore's HBM and peak bf16 TFLOPS per target (simulator/config.py; read here so
+# the driver needs no torch).
+_HBM = {"trn2": 96 * GiB // 8, "trn1": 32 * GiB // 2}
+_PEAK_BF16 = {"trn2": 79.0, "trn1": 92.0}
 
 
 COLUMNS = (
@@ -328,8 +409,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4, help="steps per run (the last one is timed)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--json", metavar="FILE", help="also write every row as a JSON line")
+    p.add_argument(
+        "--parallel",
+        default="llama-3.2-1b:fsdp:8,llama-3.1-8b:tp:8",
+        help="MODEL:LAYOUT:RANKS,... rows under torchrun (fsdp or tp; '' for none)",
+    )
     args = p.parse_args()
-    names = args.models.split(",")
+    names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in SPECS]
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SPECS)}")
@@ -343,6 +429,20 @@ def main() -> int:
                 rows.append(launch(name, target, mode, args.steps, args.timeout))
                 print(
                     f"{name} {target} {mode}: {time.monotonic() - start:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        for item in filter(None, args.parallel.split(",")):
+            name, layout, ranks = item.split(":")
+            if name not in SPECS or layout not in ("fsdp", "tp"):
+                p.error(f"--parallel {item}: expected MODEL:fsdp|tp:RANKS")
+            for mode in args.modes.split(","):
+                start = time.monotonic()
+                rows.append(
+                    launch_ranks(name, target, mode, args.steps, layout, int(ranks), args.timeout)
+                )
+                print(
+                    f"{name} {layout} {ranks} {target} {mode}: {time.monotonic() - start:.0f} s",
                     file=sys.stderr,
                     flush=True,
                 )

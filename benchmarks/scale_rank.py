@@ -46,7 +46,10 @@ def fsdp(model: Any, world: int) -> None:
 
 def tp(model: Any, world: int) -> None:
     """Attention heads and the MLP's width split over the ranks (q/k/v/gate/up by column,
-    o/down by row): each layer's forward has two all-reduces, as in Megatron-LM."""
+    o/down by row): each layer's forward has two all-reduces, as in Megatron-LM. Untied
+    embeddings and LM head are split over the vocabulary (the logits all-gathered); norms
+    stay whole on every rank."""
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -54,6 +57,15 @@ def tp(model: Any, world: int) -> None:
     )
 
     mesh = init_device_mesh("neuron", (world,))
+    if not model.config.tie_word_embeddings:
+        parallelize_module(
+            model,
+            mesh,
+            {
+                "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+                "lm_head": ColwiseParallel(output_layouts=Replicate()),
+            },
+        )
     plan = {
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
@@ -94,13 +106,21 @@ def main() -> None:
         with torch.device("meta"):
             model = spec.build()
         flops = model_flops_per_step(model, spec)
+        out["params"] = sum(p.numel() for p in model.parameters())
         {"fsdp": fsdp, "tp": tp}[layout](model, world)
         model.to_empty(device="neuron")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # (TP leaves norms as plain tensors: a foreach op cannot mix them with DTensors, so
+        # each kind has its own AdamW)
+        from torch.distributed.tensor import DTensor
+
+        params = list(model.parameters())
+        kinds = [[p for p in params if isinstance(p, DTensor) == d] for d in (True, False)]
+        optimizers = [torch.optim.AdamW(ps, lr=1e-4) for ps in kinds if ps]
         forward = torch.compile(model, backend="neuron") if mode == "compiled" else model
 
         def update() -> None:
-            opt.step()
+            for opt in optimizers:
+                opt.step()
 
         apply = torch.compile(update, backend="neuron") if mode == "compiled" else update
         batch = batch_for(spec)
@@ -111,7 +131,8 @@ def main() -> None:
                 loss = forward(**batch).loss
             loss.backward()
             apply()
-            opt.zero_grad(set_to_none=True)
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
             loss.item()
             torch.neuron.synchronize()
             walls.append(torch.neuron.metrics()["wall_ns"])

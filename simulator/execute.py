@@ -165,6 +165,10 @@ class _Step:
         self.dtypes = [torch_dtype(o.dtype) if o.dtype else None for o in node.outputs]
         self.arguments = [_builder(a) for a in node.args]
         self.written = {a.output: a.argument for a in node.aliases if a.writes}
+        self.types = [
+            (tuple(o.shape), tuple(o.strides)) if all(s >= 0 for s in o.shape) else None
+            for o in node.outputs
+        ]
         self.is_view = any(not a.writes for a in node.aliases)
         # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
         self.inputs_only = (
@@ -241,7 +245,7 @@ class _Step:
         for j, declared in enumerate(self.declared):
             argument = self.written.get(j)
             if argument is not None:
-                outs.append(shape_only.written(self.name, args, argument, declared))
+                outs.append(shape_only.written(self.name, args, argument, self.types[j]))
             elif declared is not None:
                 outs.append(shape_only.fresh(self.name, args, declared, self.dtypes[j]))
             else:

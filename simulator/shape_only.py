@@ -127,8 +127,8 @@ def computes(
 ) -> bool:
     """Whether this op is computed in shape-only mode: every tensor it reads is real and
     its operands and results together are at most SMALL_BYTES."""
-    base = name.split("::", 1)[-1].split(".", 1)[0]
-    skip = set(written) if base in _OVERWRITES else set()
+    base, _, overload = name.split("::", 1)[-1].partition(".")
+    skip = set(written) if base in _OVERWRITES or overload.startswith("out") else set()
     nbytes = 0
     for i, a in enumerate(args):
         for t in _tensors(a):
@@ -227,12 +227,12 @@ def written(
     declared: tuple[tuple[int, ...], tuple[int, ...]] | None,
 ) -> Any:
     """The argument an op writes through (in place, out=), unwritten. An out= argument
-    the kernel would resize is a new tensor of the declared size instead."""
+    the kernel would resize takes the declared size and layout, as the kernel leaves it."""
     t = args[argument]
     if not isinstance(t, torch.Tensor):
         return t
     if declared is not None and tuple(t.shape) != declared[0]:
-        return torch.empty_strided(declared[0], declared[1], dtype=t.dtype)
+        t.set_(torch.empty_strided(declared[0], declared[1], dtype=t.dtype))
     ptr = _ptr(t)
     real.discard(ptr)
     if name == "aten::zero_.default" or (
