@@ -411,8 +411,9 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE", help="also write every row as a JSON line")
     p.add_argument(
         "--parallel",
-        default="llama-3.2-1b:fsdp:8,llama-3.1-8b:tp:8",
-        help="MODEL:LAYOUT:RANKS,... rows under torchrun (fsdp or tp; '' for none)",
+        default="llama-3.2-1b:fsdp:8,llama-3.1-8b:tp:8,llama-3.1-8b:tp8+fsdp:16",
+        help="MODEL:LAYOUT:RANKS,... rows under torchrun (fsdp, tp, or tpN+fsdp: TP over "
+        "N ranks, FSDP2 across; '' for none)",
     )
     args = p.parse_args()
     names = [n for n in args.models.split(",") if n]
@@ -434,8 +435,8 @@ def main() -> int:
                 )
         for item in filter(None, args.parallel.split(",")):
             name, layout, ranks = item.split(":")
-            if name not in SPECS or layout not in ("fsdp", "tp"):
-                p.error(f"--parallel {item}: expected MODEL:fsdp|tp:RANKS")
+            if name not in SPECS or not (layout in ("fsdp", "tp") or layout.endswith("+fsdp")):
+                p.error(f"--parallel {item}: expected MODEL:fsdp|tp|tpN+fsdp:RANKS")
             for mode in args.modes.split(","):
                 start = time.monotonic()
                 rows.append(

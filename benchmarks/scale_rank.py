@@ -6,7 +6,8 @@ with to_empty, and trained with AdamW under bf16 autocast.
 
     torchrun --nproc-per-node N benchmarks/scale_rank.py MODEL LAYOUT MODE STEPS OUT_DIR
 
-MODE: eager, adaptive, compiled, or env (NEURON_EAGER's).
+MODE: eager, adaptive, compiled, or env (NEURON_EAGER's). LAYOUT: fsdp, tp, or tpN+fsdp
+(tensor parallelism over groups of N ranks, FSDP2 across the groups).
 
 Writes $OUT_DIR/rank-$RANK.json: the simulated clock after each step, real seconds per step
 and to the end of the first step (from the launcher's TTFS_T0), the wall time spent in
@@ -35,16 +36,24 @@ from compile_wait import time_compiles
 from scale import SPECS, batch_for, model_flops_per_step
 
 
-def fsdp(model: Any, world: int) -> None:
+def fsdp(model: Any, world: int, mesh: Any = None) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("neuron", (world,))
+    mesh = mesh if mesh is not None else init_device_mesh("neuron", (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
 
 
-def tp(model: Any, world: int) -> None:
+def tp_fsdp(model: Any, world: int, degree: int) -> None:
+    """Tensor parallelism over `degree` ranks (a NeuronLink group) and FSDP2 over the
+    world / degree groups: a 2-D mesh, as torchtitan lays out a large model."""
+    mesh = init_device_mesh("neuron", (world // degree, degree), mesh_dim_names=("dp", "tp"))
+    tp(model, degree, mesh["tp"])
+    fsdp(model, world, mesh["dp"])
+
+
+def tp(model: Any, world: int, mesh: Any = None) -> None:
     """Attention heads and the MLP's width split over the ranks (q/k/v/gate/up by column,
     o/down by row): each layer's forward has two all-reduces, as in Megatron-LM. Untied
     embeddings and LM head are split over the vocabulary (the logits all-gathered); norms
@@ -56,7 +65,7 @@ def tp(model: Any, world: int) -> None:
         parallelize_module,
     )
 
-    mesh = init_device_mesh("neuron", (world,))
+    mesh = mesh if mesh is not None else init_device_mesh("neuron", (world,))
     if not model.config.tie_word_embeddings:
         parallelize_module(
             model,
@@ -107,7 +116,10 @@ def main() -> None:
             model = spec.build()
         flops = model_flops_per_step(model, spec)
         out["params"] = sum(p.numel() for p in model.parameters())
-        {"fsdp": fsdp, "tp": tp}[layout](model, world)
+        if layout.startswith("tp") and "+fsdp" in layout:  # tp8+fsdp: TP over 8, FSDP across
+            tp_fsdp(model, world, int(layout[2 : layout.index("+")]))
+        else:
+            {"fsdp": fsdp, "tp": tp}[layout](model, world)
         model.to_empty(device="neuron")
         # (TP leaves norms as plain tensors: a foreach op cannot mix them with DTensors, so
         # each kind has its own AdamW)

@@ -471,7 +471,7 @@ def _copy_from(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
             transfer(memory.to_host_alias(dst), src)
             shape_only.mark_real([dst])
         else:
-            shape_only.forget(dst.untyped_storage().data_ptr())
+            shape_only.forget(dst)
     return dst
 
 
@@ -503,8 +503,11 @@ def empty_device_tensor(
     # The simulated HBM first: a tensor the device cannot hold is its OutOfMemoryError, never
     # the host allocator's error about the memory that backs it.
     block = rt.allocate(_span(shape, strides) * dtype.itemsize)
-    host = torch.empty_strided(shape, strides, dtype=dtype)
-    shape_only.forget(host.untyped_storage().data_ptr())
+    if rt.numerics:
+        host = torch.empty_strided(shape, strides, dtype=dtype)
+    else:  # (never filled, even with deterministic algorithms on)
+        host = shape_only.empty(shape, strides, dtype)
+        shape_only.forget(host)
     return rt.adopt(to_device(host), block, host)
 
 

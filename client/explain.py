@@ -91,9 +91,17 @@ def note_placeholder(what: str) -> None:
 
 
 def note_assumption(op: str, text: str) -> None:
-    """A data-dependent output shape taken by assumption (shape-only mode)."""
-    path, line, _ = user_frame()
-    _shape_only[("assumed", op, text, path, line)] += 1
+    """A data-dependent output shape taken by assumption (shape-only mode), at the line that
+    issued the op (a recorded graph's op runs later, at another line)."""
+    from trnsim.simulator import shape_only
+
+    where = shape_only.issued.where
+    if where:
+        path, _, line = where.rpartition(":")
+        _shape_only[("assumed", op, text, path, int(line))] += 1
+        return
+    path, n, _ = user_frame()
+    _shape_only[("assumed", op, text, path, n)] += 1
 
 
 def reset() -> None:

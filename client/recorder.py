@@ -493,7 +493,10 @@ class Recorder:
                         env[Value(i, j)] = out
                     continue
                 loaded = entry.executable()
+                if not rt.numerics:  # (what shape-only mode assumes is told at op's line)
+                    shape_only.issued.where = f"{op.location[0]}:{op.location[1]}"
                 results = loaded.run(entry.inputs_of(args), op.scalars, rt.generator)
+                shape_only.issued.where = ""
                 made = iter(op.hosts)
                 kinds = entry.outputs
                 if len(kinds) != len(results):

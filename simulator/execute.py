@@ -236,7 +236,7 @@ class _Step:
             if self.conforms:
                 result = self.conform(result)
             flat = _flatten(result)
-            shape_only.mark_real(flat)
+            shape_only.computed(self.name, args, written, flat)
             return flat
         assumed = shape_only.assumed_outputs(self.name, self.op, args, self.dtypes)
         if assumed is not None:
@@ -375,10 +375,14 @@ class LoadedExecutable:
         (a computed one copied there)."""
         env: Env = {}
         for step in self.steps:
+            if not self.single:  # (one op's executable: its caller's line is the op's)
+                shape_only.issued.where = self._where(step.node)
             try:
                 result = step.shape_only(inputs, env, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
+            finally:
+                shape_only.issued.where = ""
             if self.single:
                 return result
             for j, r in enumerate(result):

@@ -12,7 +12,9 @@ Ops whose output shape depends on values take an assumption instead:
   elements (one_hot, a router's expert mask) holds n/N nonzeros, which gives uniform
   routing to MoE layers; any other mask is taken as all nonzero (the upper bound).
 - unique and its kin: every element distinct (the upper bound).
-- bincount: max(minlength, 1) bins; repeat_interleave with a repeats tensor: one each.
+- histc and bincount (an MoE layer's tokens per expert): the values spread evenly over
+  the bins (uniform routing), as real counts; bincount has max(minlength, 1) bins.
+- repeat_interleave with a repeats tensor: one each.
 Each assumption is reported through `hooks.assumed` (torch.neuron.explain lists them).
 
 Values the host supplied stay real: integer and boolean tensors copied to the device
@@ -25,6 +27,7 @@ on, while everything that depends on weights or activations is a placeholder.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,22 +59,79 @@ class _Hooks:
 
 hooks = _Hooks()
 
-# Expected fraction of nonzero elements per storage (by its address), where an op made it
-# known: 0 after zeroing, n/N after scattering n values. Absent: unknown (taken as 1).
-density: dict[int, float] = {}
+
+class _Issued:
+    """Where the op being run was issued ("file:line"), when the runner knows it better than
+    the stack does (a recorded graph runs at a later line): "" for the caller's line."""
+
+    where = ""
 
 
-def forget(storage_ptr: int) -> None:
-    """A storage was (re)allocated or overwritten with unknown values at this address:
-    what was known of the old one goes."""
+issued = _Issued()
+
+
+class Known:
+    """A value known per span of host memory (a storage's bytes), found from any address in
+    it: a view, or the DLPack alias of a view, whose storage starts where the view does."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.spans: dict[int, tuple[int, Any]] = {}  # start -> (end, value)
+
+    def clear(self) -> None:
+        self.starts.clear()
+        self.spans.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.starts)
+
+    def set(self, t: torch.Tensor, value: Any) -> None:
+        start, end = _span(t)
+        if end > start:
+            self.drop(t)
+            bisect.insort(self.starts, start)
+            self.spans[start] = (end, value)
+
+    def drop(self, t: torch.Tensor) -> None:
+        """Forgets every span that starts inside t's storage (what lived there before)."""
+        start, end = _span(t)
+        i = bisect.bisect_left(self.starts, start)
+        while i < len(self.starts) and self.starts[i] < max(end, start + 1):
+            del self.spans[self.starts.pop(i)]
+
+    def get(self, t: torch.Tensor, default: Any = None) -> Any:
+        ptr = t.data_ptr()
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        if i >= 0:
+            end, value = self.spans[self.starts[i]]
+            if ptr < end:
+                return value
+        return default
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
+
+
+# Expected fraction of nonzero elements per storage, where an op made it known: 0 after
+# zeroing, n/N after scattering n values. Absent: unknown (taken as 1).
+density = Known()
+
+
+def forget(t: torch.Tensor) -> None:
+    """t's storage was (re)allocated or overwritten with unknown values: what was known of
+    the memory it covers goes."""
     if density:
-        density.pop(storage_ptr, None)
-    real.discard(storage_ptr)
+        density.drop(t)
+    if real:
+        real.drop(t)
 
 
 # -- real values --------------------------------------------------------------------------------
 SMALL_BYTES = 1 << 20  # an op over real values with operands and results this small computes
-real: set[int] = set()  # storages (by address) whose values are real
+real = Known()  # the storages whose values are real (value True)
 
 # In-place ops whose written argument's old values are never read.
 _OVERWRITES = frozenset(
@@ -101,13 +161,14 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def is_real(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and _ptr(t) in real
+    """Whether t holds real values (an empty tensor holds none to miss)."""
+    return isinstance(t, torch.Tensor) and (t.numel() == 0 or real.get(t, False))
 
 
 def mark_real(values: list[Any]) -> None:
     for t in values:
         if isinstance(t, torch.Tensor):
-            real.add(_ptr(t))
+            real.set(t, True)
 
 
 def host_supplied(t: torch.Tensor) -> bool:
@@ -133,7 +194,7 @@ def computes(
     for i, a in enumerate(args):
         for t in _tensors(a):
             nbytes += t.numel() * t.element_size()
-            if i not in skip and _ptr(t) not in real:
+            if i not in skip and not is_real(t):
                 return False
     for d, dtype in zip(declared, dtypes, strict=True):
         if d is not None and dtype is not None:
@@ -149,20 +210,16 @@ def settle(buffer: torch.Tensor, result: Any) -> torch.Tensor:
     small), or the buffer left unknown."""
     if result is not buffer and is_real(result):
         buffer.copy_(result)
-        real.add(_ptr(buffer))
+        real.set(buffer, True)
     elif not is_real(result):
-        forget(_ptr(buffer))
+        forget(buffer)
     return buffer
-
-
-def _ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 def _density(t: Any) -> float:
     if not isinstance(t, torch.Tensor):
         return 1.0
-    return density.get(_ptr(t), 1.0)
+    return float(density.get(t, 1.0))
 
 
 _ZEROS = frozenset(["aten::zeros.default", "aten::zeros_like.default", "aten::new_zeros.default"])
@@ -195,6 +252,37 @@ def _scattered(name: str, args: list[Any], base: torch.Tensor) -> float:
     return min(1.0, _density(base) + index.numel() / base.numel())
 
 
+def empty(shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype | None) -> torch.Tensor:
+    """Host memory for a tensor, never written: with deterministic algorithms on PyTorch
+    would fill it (touching every page), which shape-only mode must not."""
+    fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
+    if not fill or not torch.are_deterministic_algorithms_enabled():
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+    try:
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
+
+
+def note(name: str, args: list[Any], t: torch.Tensor, in_place: bool) -> None:
+    """What is known of the values of t, which op `name` just wrote (in place or fresh),
+    whether or not it computed them: its expected density of nonzeros."""
+    zeroing = name in _ZEROS or name == "aten::zero_.default"
+    if zeroing or (name == "aten::fill_.Scalar" and len(args) > 1 and args[1] == 0):
+        density.set(t, 0.0)
+    elif name in _SCATTERS and isinstance(args[0], torch.Tensor):
+        density.set(t, _scattered(name, args, t if in_place else args[0]))
+    elif not in_place and name in _SELECTS and args and isinstance(args[0], torch.Tensor):
+        known = density.get(args[0])
+        if known is None:
+            density.drop(t)
+        else:
+            density.set(t, known)
+    else:
+        density.drop(t)
+
+
 def fresh(
     name: str,
     args: list[Any],
@@ -202,21 +290,9 @@ def fresh(
     dtype: torch.dtype | None,
 ) -> torch.Tensor:
     """A new output of the declared layout, its memory untouched."""
-    t = torch.empty_strided(declared[0], declared[1], dtype=dtype)
-    ptr = _ptr(t)
-    real.discard(ptr)
-    if name in _ZEROS:
-        density[ptr] = 0.0
-    elif name in _SCATTERS and isinstance(args[0], torch.Tensor):
-        density[ptr] = _scattered(name, args, args[0])
-    elif name in _SELECTS and args and isinstance(args[0], torch.Tensor):
-        known = density.get(_ptr(args[0]))
-        if known is None:
-            density.pop(ptr, None)
-        else:
-            density[ptr] = known
-    else:
-        forget(ptr)
+    t = empty(declared[0], declared[1], dtype)
+    real.drop(t)
+    note(name, args, t, in_place=False)
     return t
 
 
@@ -232,18 +308,20 @@ def written(
     if not isinstance(t, torch.Tensor):
         return t
     if declared is not None and tuple(t.shape) != declared[0]:
-        t.set_(torch.empty_strided(declared[0], declared[1], dtype=t.dtype))
-    ptr = _ptr(t)
-    real.discard(ptr)
-    if name == "aten::zero_.default" or (
-        name == "aten::fill_.Scalar" and len(args) > 1 and args[1] == 0
-    ):
-        density[ptr] = 0.0
-    elif name in _SCATTERS:
-        density[ptr] = _scattered(name, args, t)
-    else:
-        forget(ptr)
+        t.set_(empty(declared[0], declared[1], t.dtype))
+    real.drop(t)
+    note(name, args, t, in_place=True)
     return t
+
+
+def computed(name: str, args: list[Any], written: list[int], outputs: list[Any]) -> None:
+    """After an op computed its results for real: they are real, with what is known of
+    their density (a one_hot of real indices, zeros...)."""
+    mark_real(outputs)
+    in_place = {id(args[a]) for a in written if isinstance(args[a], torch.Tensor)}
+    for t in outputs:
+        if isinstance(t, torch.Tensor):
+            note(name, args, t, in_place=id(t) in in_place)
 
 
 # Ops returning a Python value decided by metadata alone (shapes, dtypes, flags), never by
@@ -288,7 +366,7 @@ def _nonzero(op: str, args: list[Any]) -> list[Any]:
 
 
 def _mask_text(mask: torch.Tensor, rows: int) -> str:
-    known = density.get(_ptr(mask))
+    known = density.get(mask)
     if known is None:
         return f"every element of a {tuple(mask.shape)} mask taken as nonzero: {rows}"
     return f"{known:.4g} of a {tuple(mask.shape)} mask nonzero (scattered): {rows}"
@@ -333,15 +411,34 @@ def _unique(op: str, args: list[Any]) -> list[Any]:
     return [values, inverse, counts]
 
 
+def _uniform_counts(n: int, bins: int, dtype: torch.dtype) -> torch.Tensor:
+    """n items spread evenly over the bins (the first n % bins get one more): real values,
+    so the sizes the host derives from them (MoE group offsets) are those of uniform
+    routing."""
+    counts = torch.full((bins,), n // bins, dtype=dtype)
+    counts[: n % bins] += 1
+    real.set(counts, True)
+    return counts
+
+
+def _histc(op: str, args: list[Any]) -> list[Any]:
+    x, bins = args[0], int(args[1]) if len(args) > 1 else 100
+    hooks.assumed(op, f"{x.numel()} values spread evenly over {bins} bins (uniform routing)")
+    return [_uniform_counts(x.numel(), bins, x.dtype)]
+
+
 def _bincount(op: str, args: list[Any]) -> list[Any]:
+    x = args[0]
     minlength = int(args[2]) if len(args) > 2 and args[2] is not None else 0
     weights = args[1] if len(args) > 1 else None
     bins = max(minlength, 1)
-    hooks.assumed(op, f"{bins} bins (the largest value is not known)")
+    hooks.assumed(
+        op, f"{bins} bins (the largest value is not known), {x.numel()} values spread evenly"
+    )
     dtype = torch.float64 if isinstance(weights, torch.Tensor) else torch.int64
     if isinstance(weights, torch.Tensor) and weights.dtype == torch.float32:
         dtype = torch.float32
-    return [torch.empty((bins,), dtype=dtype)]
+    return [_uniform_counts(x.numel(), bins, dtype)]
 
 
 def _repeat_interleave(op: str, args: list[Any]) -> list[Any]:
@@ -359,6 +456,7 @@ _ASSUMED: dict[str, Callable[[str, list[Any]], list[Any]]] = {
     "aten::unique_dim.default": _unique,
     "aten::unique_consecutive.default": _unique,
     "aten::bincount.default": _bincount,
+    "aten::histc.default": _histc,
     "aten::repeat_interleave.Tensor": _repeat_interleave,
 }
 
@@ -377,7 +475,8 @@ def assumed_outputs(
         return None
     outs = handler(name, args)
     for t in outs:
-        forget(_ptr(t))
+        if not is_real(t):
+            forget(t)
     return outs
 
 
