@@ -308,7 +308,7 @@ def written(
     if not isinstance(t, torch.Tensor):
         return t
     if declared is not None and tuple(t.shape) != declared[0]:
-        t.set_(empty(declared[0], declared[1], t.dtype))
+        t.set_(empty(declared[0], declared[1], t.dtype))  # type: ignore[call-overload]
     real.drop(t)
     note(name, args, t, in_place=True)
     return t
