@@ -101,15 +101,19 @@ def _staging_bytes(g: Graph, node: Node, ins: list[TensorType], target: Target) 
 
 
 def gemm_reload_bytes(shape: op_table.GemmShape, itemsize: int, sbuf_budget: int) -> int:
-    """HBM bytes a blocked GEMM reads beyond each operand once: when both operands do not
-    fit in half of SBUF, panels of one are reloaded for every block of the other."""
-    a = shape.batch * shape.m * shape.k * itemsize
-    b = shape.batch * shape.k * shape.n * itemsize
+    """HBM bytes a blocked GEMM reads beyond each operand once. The kernel keeps panels of one
+    operand in half of SBUF and streams the other past them (per batch item): when the
+    smaller operand fits, each is read once; otherwise the streamed one is read again for
+    every further panel of the resident one, whichever way round reads less."""
+    a = shape.m * shape.k * itemsize
+    b = shape.k * shape.n * itemsize
     half = sbuf_budget // 2
-    if a + b <= half:
+    if min(a, b) <= half:
         return 0
-    block = max(128, half // max(1, 2 * shape.k * itemsize) // 128 * 128)
-    return a * (-(-shape.n // block) - 1) + b * (-(-shape.m // block) - 1)
+    panel = max(128, half // max(1, shape.k * itemsize) // 128 * 128)  # rows (or columns)
+    keep_a = b * (-(-shape.m // panel) - 1)
+    keep_b = a * (-(-shape.n // panel) - 1)
+    return shape.batch * min(keep_a, keep_b)
 
 
 # Elementwise classes an engine other than their own can run (the schedule search's engine
@@ -312,19 +316,22 @@ def _lower_node(
         writes = [w for w in writes if plan.buffers[w].role != ex.ALIAS]
         b.add("none", k.klass, k.cost, i, reads, writes)
         return
-    if i in plan.stored_in_place:  # its source was stored into the destination: nothing moves
+    if i in plan.stored_in_place or i in plan.folded:  # nothing moves, nothing is computed
         b.add("none", k.klass, Cost.zero(), i, reads, [])
         return
     if k.klass in (C.DMA_COPY, C.COLLECTIVE):
         b.add("dma", k.klass, k.cost, i, reads, writes).nbytes = k.load_bytes
         return
     load = None
-    if k.load_bytes:
-        load = b.add("dma", C.DMA_LOAD, _dma(target, k.load_bytes, spread), None, reads, [])
-        load.nbytes = k.load_bytes
+    # A broadcast constant is made in the kernel, not loaded.
+    constant = sum(plan.buffers[r].size for r in reads if plan.root(r).id in plan.constants)
+    load_bytes = max(0, k.load_bytes - constant)
+    if load_bytes:
+        load = b.add("dma", C.DMA_LOAD, _dma(target, load_bytes, spread), None, reads, [])
+        load.nbytes = load_bytes
     compute = b.add(k.engine_name, k.klass, k.cost, i, reads, [], None if load is None else load.id)
     compute.flops = k.flops
-    compute.nbytes = k.load_bytes + k.store_bytes
+    compute.nbytes = load_bytes + k.store_bytes
     store_cost = _dma(target, k.store_bytes, spread)
     store = b.add("dma", C.DMA_STORE, store_cost, None, [], writes, compute.id)
     store.nbytes = k.store_bytes
@@ -345,8 +352,14 @@ def _lower_group(
     reloads = 0
     for i in group:
         node, k = g.nodes[i], kernels[i]
-        outside = [v for v in read_values(node) if v.node is None or v.node not in inside]
-        external += [plan.buffer_of[v] for v in outside]
+        if k.klass == C.VIEW:  # a view moves nothing: whoever reads through it loads
+            continue
+        outside = [v for v in read_values(node) if _made_outside(g, v, inside)]
+        external += [
+            plan.buffer_of[v]
+            for v in outside
+            if plan.root(plan.buffer_of[v]).id not in plan.constants
+        ]
         if k.klass == C.MATMUL:  # blocked GEMMs re-read operand panels beyond one pass
             reloads += max(0, k.load_bytes - sum(g.type_of(v).nbytes for v in node.tensor_args()))
     # Each tensor from outside the kernel comes in from HBM once, however many nodes read it.
@@ -364,6 +377,9 @@ def _lower_group(
         reads, writes = _node_buffers(g, i, plan)
         resident = [w for w in writes if plan.root(w).id in in_sbuf]
         leaving += [w for w in writes if plan.root(w).id not in in_sbuf]
+        if i in plan.folded:
+            b.add("none", k.klass, Cost.zero(), i, reads, [])
+            continue
         store_bytes += _group_store_bytes(g, i, plan, in_sbuf)
         engine, cost = _in_kernel(g, i, k, inside, target)
         compute = b.add(
@@ -378,6 +394,20 @@ def _lower_group(
             "dma", C.DMA_STORE, _dma(target, store_bytes, spread), None, [], leaving, previous.id
         )
         store.nbytes = store_bytes
+
+
+def _made_outside(g: Graph, v: Value, inside: set[int]) -> bool:
+    """Whether value v comes from outside the kernel: from a graph input or a node outside
+    it, also when it reaches the kernel through views (which compute nothing)."""
+    while v.node is not None and v.node in inside:
+        node = g.nodes[v.node]
+        alias = next((a for a in node.aliases if a.output == v.index), None)
+        if alias is None or alias.writes or op_table.classify(node.op) != C.VIEW:
+            return False
+        source = node.args[alias.argument][1]
+        assert isinstance(source, Value), "validated: aliases name tensors"
+        v = source
+    return True
 
 
 def _group_store_bytes(g: Graph, i: int, plan: MemoryPlan, in_sbuf: set[int]) -> int:

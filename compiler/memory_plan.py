@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trnsim.compiler import op_table
 from trnsim.compiler.graph import Graph, Node, Value, values_in
+from trnsim.compiler.passes import broadcast_constants
 from trnsim.protos import executable_pb2 as ex
 
 ALIGNMENT = 64  # bytes; offsets in a scratch arena are multiples of this
@@ -40,6 +41,9 @@ class MemoryPlan:
     sbuf_tiles: int = 1
     # copy_ nodes whose source was stored straight into their destination (nothing to move)
     stored_in_place: set[int] = field(default_factory=set)
+    # fills of broadcast constants, folded into their consumers, and the buffers they fill
+    folded: frozenset[int] = frozenset()
+    constants: set[int] = field(default_factory=set)
 
     def root(self, buffer_id: int) -> PlannedBuffer:
         """The buffer that owns the memory of buffer_id (following ALIAS links)."""
@@ -103,8 +107,20 @@ def _first_fit(buffers: list[PlannedBuffer]) -> int:
     return peak
 
 
-def plan_values(g: Graph) -> MemoryPlan:
-    """Buffers for inputs (caller's), outputs (caller's), aliases and internal values."""
+def run_order(n: int, groups: list[list[int]] | None) -> list[int]:
+    """Per node, its step: where it runs, kernel after kernel (program order without groups)."""
+    if groups is None:
+        return list(range(n))
+    step = [0] * n
+    for k, i in enumerate(i for group in groups for i in group):
+        step[i] = k
+    return step
+
+
+def plan_values(g: Graph, steps: list[int] | None = None) -> MemoryPlan:
+    """Buffers for inputs (caller's), outputs (caller's), aliases and internal values, live
+    over the steps (run_order) that make and read them."""
+    steps = steps or list(range(len(g.nodes)))
     plan = MemoryPlan()
     observable = set(g.outputs)
 
@@ -122,20 +138,20 @@ def plan_values(g: Graph) -> MemoryPlan:
             if j in aliased:
                 source = node.args[aliased[j]][1]
                 assert isinstance(source, Value), "validated: aliases name tensors"
-                add(ex.ALIAS, v, t.nbytes, i, plan.buffer_of[source])
+                add(ex.ALIAS, v, t.nbytes, steps[i], plan.buffer_of[source])
             else:
-                add(ex.OUTPUT if v in observable else ex.INTERNAL, v, t.nbytes, i)
-    _extend_lifetimes(g, plan)
+                add(ex.OUTPUT if v in observable else ex.INTERNAL, v, t.nbytes, steps[i])
+    _extend_lifetimes(g, plan, steps)
     return plan
 
 
-def _extend_lifetimes(g: Graph, plan: MemoryPlan) -> None:
+def _extend_lifetimes(g: Graph, plan: MemoryPlan, steps: list[int]) -> None:
     """Every read (also through a view) keeps the owning buffer alive; observable roots of
     observable views become OUTPUT buffers."""
     for i, node in enumerate(g.nodes):
         for v in node.tensor_args():
             root = plan.root(plan.buffer_of[v])
-            root.live_until = max(root.live_until, i)
+            root.live_until = max(root.live_until, steps[i])
     end = len(g.nodes)
     for v in g.outputs:
         root = plan.root(plan.buffer_of[v])
@@ -164,7 +180,9 @@ def _keep_in_sbuf(g: Graph, plan: MemoryPlan, groups: list[list[int]]) -> None:
 _ELEMENTWISE = frozenset({ex.TENSOR_TENSOR, ex.TENSOR_SCALAR, ex.ACTIVATION})
 
 
-def _store_in_place(g: Graph, plan: MemoryPlan, groups: list[list[int]] | None) -> None:
+def _store_in_place(
+    g: Graph, plan: MemoryPlan, groups: list[list[int]] | None, steps: list[int]
+) -> None:
     """A copy_ of a value computed in the graph into a graph input, the value's last use (a
     functionalized graph's write-back of updated parameters and optimizer state): the
     producer stores the value straight into the input's memory, as XLA does for an output
@@ -180,18 +198,27 @@ def _store_in_place(g: Graph, plan: MemoryPlan, groups: list[list[int]] | None) 
             continue
         source = plan.buffers[plan.buffer_of[src]]
         destination = plan.buffers[plan.buffer_of[dst]]
-        if source.role != ex.INTERNAL or any(n > i for n in touched[source.id]):
+        if source.role != ex.INTERNAL or any(steps[n] > steps[i] for n in touched[source.id]):
             continue
         producer = src.node
         in_place_ok = _elementwise_over(g.nodes[producer], src.index, plan, destination.id)
         if any(
-            n != i and (n > producer or (n == producer and not in_place_ok))
+            n != i and (steps[n] > steps[producer] or (n == producer and not in_place_ok))
             for n in touched[destination.id]
         ):
             continue
         source.role, source.alias_of = ex.ALIAS, destination.id
         touched[destination.id] |= touched[source.id]
         plan.stored_in_place.add(i)
+
+
+def _fold_constants(g: Graph, plan: MemoryPlan) -> None:
+    """Broadcast constants (passes.broadcast_constants) are made by the kernels that read
+    them: their fills store nothing and their buffers are never loaded."""
+    plan.folded = broadcast_constants(g)
+    for i in plan.folded:
+        for v in g.nodes[i].written_values():
+            plan.constants.add(plan.root(plan.buffer_of[v]).id)
 
 
 def _elementwise_over(node: Node, output: int, plan: MemoryPlan, buffer: int) -> bool:
@@ -241,8 +268,10 @@ def memory_plan(
     Fused intermediates that do not fit SBUF are tiled: each kernel runs in `sbuf_tiles`
     passes over slices of its data, so a slice of every intermediate is live at a time.
     """
-    plan = plan_values(g)
-    _store_in_place(g, plan, groups)
+    steps = run_order(len(g.nodes), groups)
+    plan = plan_values(g, steps)
+    _fold_constants(g, plan)
+    _store_in_place(g, plan, groups, steps)
     if groups is not None:
         _keep_in_sbuf(g, plan, groups)
     internal = [b for b in plan.buffers if b.role == ex.INTERNAL and b.memory == ex.HBM]

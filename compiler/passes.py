@@ -1,11 +1,13 @@
-"""Graph rewrites: dead code elimination and common subexpression elimination."""
+"""Graph rewrites (dead code and common subexpression elimination) and the analyses of
+what a value aliases and which fills are broadcast constants."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from trnsim.compiler.graph import Graph, Node, Value, node_to_proto, remap_node, remap_values
-from trnsim.compiler.op_table import has_side_effects
+from trnsim.compiler.op_table import base_name, classify, has_side_effects
+from trnsim.protos import executable_pb2 as ex
 
 
 def _keep(node: Node) -> bool:
@@ -78,12 +80,7 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
 
 def _mutated_nodes(g: Graph) -> set[int]:
     """Nodes whose outputs some later node writes, following views back to their base."""
-    base: dict[Value, Value] = {}
-    for i, node in enumerate(g.nodes):
-        for a in node.aliases:
-            source = node.args[a.argument][1]
-            if isinstance(source, Value):
-                base[Value(i, a.output)] = base.get(source, source)
+    base = view_bases(g)
     mutated: set[int] = set()
     for node in g.nodes:
         for value in node.written_values():
@@ -95,3 +92,49 @@ def _mutated_nodes(g: Graph) -> set[int]:
 
 def _node_key(node: Node) -> bytes:
     return node_to_proto(node).SerializeToString(deterministic=True)
+
+
+def view_bases(g: Graph) -> dict[Value, Value]:
+    """For every value that aliases another (a view, or an in-place op's result), the value
+    that owns its memory: a graph input or a non-aliasing node output."""
+    base: dict[Value, Value] = {}
+    for i, node in enumerate(g.nodes):
+        for a in node.aliases:
+            source = node.args[a.argument][1]
+            if isinstance(source, Value):
+                base[Value(i, a.output)] = base.get(source, source)
+    return base
+
+
+# What may read a broadcast constant without it being materialised: elementwise passes (the
+# engines take a scalar operand or an immediate) and views of it.
+_READS_CONSTANTS = frozenset({ex.TENSOR_TENSOR, ex.TENSOR_SCALAR, ex.ACTIVATION, ex.VIEW})
+
+
+def broadcast_constants(g: Graph) -> frozenset[int]:
+    """fill_/zero_ nodes that write a scalar over a whole buffer (not a graph output) that
+    later elementwise ops read and nothing else touches: a broadcast constant, which a real compiler folds into its
+    consumers (XLA's broadcast of a constant fuses into every consumer) instead of writing
+    it to HBM and reading it back."""
+    base = view_bases(g)
+    outputs = {base.get(v, v) for v in g.outputs}
+    touches: dict[Value, list[int]] = {}
+    for i, node in enumerate(g.nodes):
+        for v in {base.get(v, v) for v in node.tensor_args()}:
+            touches.setdefault(v, []).append(i)
+    folded: set[int] = set()
+    for i, node in enumerate(g.nodes):
+        if base_name(node.op) not in ("fill", "zero") or len(list(node.tensor_args())) != 1:
+            continue
+        (dst,) = node.tensor_args()
+        if dst in base or dst in outputs or [v for v in node.written_values()] != [dst]:
+            continue
+        first, *readers = touches[dst]
+        if first == i and readers and all(_reads_constant(g.nodes[n], dst, base) for n in readers):
+            folded.add(i)
+    return frozenset(folded)
+
+
+def _reads_constant(node: Node, root: Value, base: dict[Value, Value]) -> bool:
+    written = {base.get(v, v) for v in node.written_values()}
+    return classify(node.op) in _READS_CONSTANTS and root not in written

@@ -172,3 +172,16 @@ def test_importing_the_compiler_does_not_import_torch():
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "trnsim.compiler" in imported
     assert not {m for m in imported if m == "torch" or m.startswith(("torch.", "grpc"))}
+
+
+def test_a_gemm_rereads_an_operand_only_when_neither_fits_sbuf():
+    from trnsim.compiler.lower import gemm_reload_bytes
+
+    sbuf = 24 << 20
+    # 4 MiB x 8 MiB (BERT-Large's FFN): the smaller one stays resident, each is read once.
+    assert gemm_reload_bytes(op_table.GemmShape(1, 2048, 1024, 4096), 2, sbuf) == 0
+    # 64 MiB x 64 MiB: the streamed operand is read again for every further 12 MiB panel.
+    big = op_table.GemmShape(1, 8192, 4096, 8192)
+    reloads = gemm_reload_bytes(big, 2, sbuf)
+    assert reloads == (64 << 20) * (-(-8192 // 1536) - 1)
+    assert gemm_reload_bytes(op_table.GemmShape(3, 8192, 4096, 8192), 2, sbuf) == 3 * reloads

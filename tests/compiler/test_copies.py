@@ -13,6 +13,7 @@ from .test_memory_plan import check_schedule
 N = 1 << 16
 F32, BF16 = N * 4, N * 2
 WRITES = [Alias(0, 0, writes=True)]
+UNFUSED = ex.CompileOptions(disable_fusion=True)
 
 
 def bf16(*shape: int) -> TensorType:
@@ -68,8 +69,9 @@ def test_a_cast_of_a_computed_value_is_the_kernels_store():
 
 
 def _write_back(between: str) -> Graph:
-    """p <- p - g, the copy_ separated from its producer by a node of its own kernel (in
-    `between`: "other" reads another input, "reads_p" reads p's old value)."""
+    """p <- p - g, the copy_ separated from its producer by another node (in `between`:
+    "other" reads another input, "reads_p" reads p's old value). Compiled UNFUSED, so that
+    the copy is a kernel of its own (fused, it would be the producer's kernel's store)."""
     b = GraphBuilder()
     p, g, other = b.input([N]), b.input([N]), b.input([N])
     new = b.op("aten::sub.Tensor", p, g, out=f32(N))
@@ -79,7 +81,7 @@ def _write_back(between: str) -> Graph:
 
 
 def test_a_write_back_is_stored_into_its_destination():
-    c = run_passes(_write_back("other"), "trn1")
+    c = run_passes(_write_back("other"), "trn1", UNFUSED)
     assert c.plan is not None and c.plan.stored_in_place == {2}
     source = c.plan.buffers[c.plan.buffer_of[Value(0, 0)]]
     assert source.role == ex.ALIAS and source.alias_of == c.plan.buffer_of[Value(None, 0)]
@@ -91,7 +93,7 @@ def test_a_write_back_is_stored_into_its_destination():
 
 
 def test_a_write_back_waits_while_the_old_value_is_read():
-    c = run_passes(_write_back("reads_p"), "trn1")
+    c = run_passes(_write_back("reads_p"), "trn1", UNFUSED)
     assert c.plan is not None and c.plan.stored_in_place == set()
     assert dma_bytes(c.executable, ex.DMA_COPY) == 2 * F32
 
@@ -102,10 +104,10 @@ def _foreach_write_back(pairs: list[tuple[int, int]]) -> set[int]:
     b = GraphBuilder()
     a, d, x, y, other = (b.input([N]) for _ in range(5))
     out = b.op("aten::_foreach_add.List", (a, d), (x, y), out=[f32(N), f32(N)])
-    e = b.op("aten::exp.default", other, out=f32(N))  # (keeps the copies out of the kernel)
+    e = b.op("aten::exp.default", other, out=f32(N))
     for member, j in pairs:
         copy_(b, (a, d)[member], Value(out.node, j), f32(N))
-    c = run_passes(b.build(e), "trn1")
+    c = run_passes(b.build(e), "trn1", UNFUSED)  # (keeps the copies out of the kernel)
     check_schedule(c.executable)
     assert c.plan is not None
     return c.plan.stored_in_place

@@ -96,3 +96,87 @@ def test_in_place_writes_inside_a_kernel_reach_hbm():
     stores = [i for i in exe.instructions if i.klass == ex.DMA_STORE]
     assert stores and sum(i.bytes for i in stores) >= 4096 * 4
     assert TensorType.contiguous([4096]).nbytes == 4096 * 4
+
+
+def _dma_bytes(exe: ex.Executable, klass: int) -> int:
+    return sum(i.bytes for i in exe.instructions if i.klass == klass and i.engine == ex.DMA)
+
+
+def test_a_node_joins_the_kernel_it_reads_from_across_another_kernel():
+    b = GraphBuilder()
+    x, w, v = b.input([1024]), b.input([1024, 1024]), b.input([1024])
+    e = b.op("aten::exp.default", x, out=f32(1024))
+    m = b.op("aten::mv.default", w, v, out=f32(1024))  # a kernel of its own in between
+    r = b.op("aten::relu.default", e, out=f32(1024))
+    c = run_passes(b.build(m, r), "trn2")
+    assert c.groups == [[0, 2], [1]]
+    assert c.plan is not None
+    assert c.plan.buffers[c.plan.buffer_of[Value(0, 0)]].memory == ex.SBUF
+    check_schedule(c.executable)
+
+
+def test_passes_over_different_tensors_merge_where_one_node_reads_them_all():
+    """AdamW's shape: p * decay, g - m and v * beta2 are separate passes that one update
+    combines; they become one kernel reading p, g, m, v once (multi-output fusion)."""
+    n = 1 << 16
+    b = GraphBuilder()
+    p, g, m, v = (b.input([n]) for _ in range(4))
+    decayed = b.op("aten::mul.Tensor", p, 0.99, out=f32(n))
+    diff = b.op("aten::sub.Tensor", g, m, out=f32(n))
+    scaled = b.op("aten::mul.Tensor", v, 0.999, out=f32(n))
+    second = b.op("aten::addcmul.default", scaled, g, g, out=f32(n))
+    step = b.op("aten::div.Tensor", diff, second, out=f32(n))
+    new = b.op("aten::add.Tensor", decayed, step, out=f32(n))
+    c = run_passes(b.build(new, second), "trn2")
+    assert c.groups == [[0, 1, 2, 3, 4, 5]]
+    assert _dma_bytes(c.executable, ex.DMA_LOAD) == 4 * n * 4, "p, g, m, v, each once"
+    check_schedule(c.executable)
+
+
+def test_a_pass_over_tensors_a_kernel_loads_joins_it():
+    b = GraphBuilder()
+    x, w, v = b.input([1024]), b.input([1024, 1024]), b.input([1024])
+    e = b.op("aten::exp.default", x, out=f32(1024))
+    m = b.op("aten::mv.default", w, v, out=f32(1024))
+    s = b.op("aten::sin.default", x, out=f32(1024))  # reads only x, which the first loads
+    c = run_passes(b.build(e, m, s), "trn2")
+    assert c.groups == [[0, 2], [1]]
+    check_schedule(c.executable)
+
+
+def test_no_node_moves_across_a_write_of_what_it_reads():
+    b = GraphBuilder()
+    p, q = b.input([1024]), b.input([1024])
+    e = b.op("aten::exp.default", p, out=f32(1024))
+    b.op("aten::copy_.default", p, q, out=f32(1024), aliases=[Alias(0, 0, writes=True)])
+    r = b.op("aten::add.Tensor", e, p, out=f32(1024))  # reads p as the copy left it
+    c = run_passes(b.build(r), "trn2")
+    assert c.groups == [[0], [1], [2]]
+    check_schedule(c.executable)
+
+
+def test_a_view_in_a_kernel_loads_nothing_of_its_own():
+    n = 1 << 12
+    b = GraphBuilder()
+    x, w = b.input([n]), b.input([n])
+    e = b.op("aten::exp.default", x, out=f32(n))
+    r = b.op("aten::relu.default", e, out=f32(n))
+    t = b.op("aten::view.default", w, (n,), out=f32(n), aliases=[Alias(0, 0)])
+    s = b.op("aten::exp.default", r, out=f32(n))
+    c = run_passes(b.build(s, t), "trn2")
+    assert len(c.groups) == 1
+    assert _dma_bytes(c.executable, ex.DMA_LOAD) == n * 4, "x only: nothing reads w's view"
+
+
+def test_a_broadcast_constant_is_made_by_its_consumer():
+    """A fill_ of a scalar that only elementwise ops read (foreach lerp's weights) is folded
+    into them: no store of the constant, no load of it."""
+    n = 1 << 16
+    b = GraphBuilder()
+    x, weight = b.input([n]), b.input([n])
+    filled = b.op("aten::fill_.Scalar", weight, 0.1, out=f32(n), aliases=[Alias(0, 0, writes=True)])
+    y = b.op("aten::mul.Tensor", x, filled, out=f32(n))
+    c = run_passes(b.build(y), "trn2")
+    assert c.plan is not None and c.plan.folded == {0}
+    assert c.executable.hbm_bytes == 2 * n * 4, "x in, y out"
+    check_schedule(c.executable)

@@ -93,3 +93,19 @@ def test_cse_keeps_apart_values_that_are_written_later():
     b.op("aten::add_.Tensor", v, x, out=f32(8), aliases=[Alias(0, 0, writes=True)])
     g = eliminate_common_subexpressions(b.build(z1, z2))
     assert [n.op for n in g.nodes].count("aten::zeros_like.default") == 2
+
+
+def test_a_fill_is_a_broadcast_constant_only_while_nothing_else_needs_its_buffer():
+    from trnsim.compiler.passes import broadcast_constants
+
+    def fill_then(reader: str, output: bool = False) -> frozenset[int]:
+        b = GraphBuilder()
+        x, w = b.input([8]), b.input([8])
+        f = b.op("aten::fill_.Scalar", w, 0.5, out=f32(8), aliases=[Alias(0, 0, writes=True)])
+        y = b.op(reader, x, f, out=f32(8))
+        return broadcast_constants(b.build(y, *([f] if output else [])))
+
+    assert broadcast_constants(mlp()) == frozenset()
+    assert fill_then("aten::mul.Tensor") == {0}, "read by an elementwise op: folded"
+    assert fill_then("aten::mv.default") == frozenset(), "a matmul reads it from memory"
+    assert fill_then("aten::mul.Tensor", output=True) == frozenset(), "the caller sees it"
