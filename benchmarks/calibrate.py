@@ -115,16 +115,24 @@ def breakdown(r: dict[str, Any]) -> list[str]:
     launches = m.get("launches", 0)
     return [
         f"  engines busy (ms): {engines}",
-        f"  DMA busy {m.get('dma_busy_ns', 0) / 1e6:.1f} ms, HBM traffic "
-        f"{m.get('hbm_bytes', 0) / 1e9:.2f} GB",
-        f"  launches {launches} x {r['launch_overhead_ns'] / 1e3:.0f} us overhead = "
-        f"{launches * r['launch_overhead_ns'] / 1e6:.2f} ms",
-        f"  host busy {m.get('host_busy_ns', 0) / 1e6:.2f} ms; device busy (streams summed) "
-        f"{m.get('device_busy_ns', 0) / 1e6:.1f} ms; the host waited on the device "
-        f"{m.get('sync_wait_ns', 0) / 1e6:.1f} ms",
-        f"  per optimizer step: update {r['update_ms']:.1f} ms + all-reduce of the gradients "
-        f"over {CORES} cores {r['all_reduce_ms']:.1f} ms, spread over {ACCUMULATION} "
-        "micro-batches",
+        (
+            f"  DMA busy {m.get('dma_busy_ns', 0) / 1e6:.1f} ms, HBM traffic "
+            f"{m.get('hbm_bytes', 0) / 1e9:.2f} GB"
+        ),
+        (
+            f"  launches {launches} x {r['launch_overhead_ns'] / 1e3:.0f} us overhead = "
+            f"{launches * r['launch_overhead_ns'] / 1e6:.2f} ms"
+        ),
+        (
+            f"  host busy {m.get('host_busy_ns', 0) / 1e6:.2f} ms; device busy (streams summed) "
+            f"{m.get('device_busy_ns', 0) / 1e6:.1f} ms; the host waited on the device "
+            f"{m.get('sync_wait_ns', 0) / 1e6:.1f} ms"
+        ),
+        (
+            f"  per optimizer step: update {r['update_ms']:.1f} ms + all-reduce of the gradients "
+            f"over {CORES} cores {r['all_reduce_ms']:.1f} ms, spread over {ACCUMULATION} "
+            "micro-batches"
+        ),
     ]
 
 
