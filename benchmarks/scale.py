@@ -326,7 +326,7 @@ def launch_ranks(
     if "error" in first:
         props_hbm = _HBM[target]
         fit = _does_not_fit(first.get("params"), spec, props_hbm, first["error"], ranks, how)
-        return row | fit
+        return row | fit | {"rss_mib": max(r["rss_mib"] for r in results)}
     walls = first["walls_ns"]
     step_s = (walls[-1] - walls[-2]) / 1e9
     tokens = spec.batch * spec.seq
@@ -371,7 +371,8 @@ def cells(r: dict[str, Any]) -> list[str]:
     if "error" in r:
         fits = f"; fits: {r['fits']}" if "fits" in r else ""
         state = f"model state {r['state_gib']:.1f} GiB; " if "state_gib" in r else ""
-        return [*head, f"does not run: {state}{r['error'][:90]}{fits}", *[""] * 6]
+        rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else ""
+        return [*head, f"does not run: {state}{r['error'][:90]}{fits}", *[""] * 5, rss]
     return [
         *head,
         f"{r['step_ms']:.1f}",
@@ -411,9 +412,10 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE", help="also write every row as a JSON line")
     p.add_argument(
         "--parallel",
-        default="llama-3.2-1b:fsdp:8,llama-3.1-8b:tp:8,llama-3.1-8b:tp8+fsdp:16",
-        help="MODEL:LAYOUT:RANKS,... rows under torchrun (fsdp, tp, or tpN+fsdp: TP over "
-        "N ranks, FSDP2 across; '' for none)",
+        default="llama-3.2-1b:fsdp:8,llama-3.1-8b:tp:8:eager,llama-3.1-8b:tp8+fsdp:16:eager",
+        help="MODEL:LAYOUT:RANKS[:MODE/MODE],... rows under torchrun (fsdp, tp, or tpN+fsdp: "
+        "TP over N ranks, FSDP2 across; the modes of --modes, or only those listed; '' for "
+        "none)",
     )
     args = p.parse_args()
     names = [n for n in args.models.split(",") if n]
@@ -434,10 +436,11 @@ def main() -> int:
                     flush=True,
                 )
         for item in filter(None, args.parallel.split(",")):
-            name, layout, ranks = item.split(":")
+            name, layout, ranks, *only = item.split(":")
             if name not in SPECS or not (layout in ("fsdp", "tp") or layout.endswith("+fsdp")):
-                p.error(f"--parallel {item}: expected MODEL:fsdp|tp|tpN+fsdp:RANKS")
-            for mode in args.modes.split(","):
+                p.error(f"--parallel {item}: expected MODEL:fsdp|tp|tpN+fsdp:RANKS[:MODES]")
+            modes = [m for m in args.modes.split(",") if not only or m in only[0].split("/")]
+            for mode in modes:
                 start = time.monotonic()
                 rows.append(
                     launch_ranks(name, target, mode, args.steps, layout, int(ranks), args.timeout)
