@@ -256,8 +256,9 @@ def _does_not_fit(
     return row
 
 
-def launch(name: str, target: str, mode: str, steps: int, timeout: float) -> dict[str, Any]:
-    env = {
+def shape_only_env(target: str) -> dict[str, str]:
+    """A run's environment: shape-only on `target`, compiles on the simulated clock only."""
+    return {
         **os.environ,
         "NEURON_SIM_NUMERICS": "off",
         "NEURON_SIM_TARGET": target,
@@ -265,6 +266,10 @@ def launch(name: str, target: str, mode: str, steps: int, timeout: float) -> dic
         "NEURON_COMPILE_DAEMON": os.environ.get("NEURON_COMPILE_DAEMON", "off"),
         "NEURON_LOG_LEVEL": "warning",
     }
+
+
+def launch(name: str, target: str, mode: str, steps: int, timeout: float) -> dict[str, Any]:
+    env = shape_only_env(target)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, mode, str(steps)]
     try:
         done = subprocess.run(
@@ -288,16 +293,7 @@ def launch_ranks(
 
     spec = SPECS[name]
     out = Path(tempfile.mkdtemp(prefix="scale-"))
-    env = {
-        **os.environ,
-        "NEURON_SIM_NUMERICS": "off",
-        "NEURON_SIM_TARGET": target,
-        "NEURON_SIM_COMPILE_SCALE": "0",
-        "NEURON_COMPILE_DAEMON": os.environ.get("NEURON_COMPILE_DAEMON", "off"),
-        "NEURON_LOG_LEVEL": "warning",
-        "OMP_NUM_THREADS": "1",
-        "TTFS_T0": repr(time.time()),
-    }
+    env = shape_only_env(target) | {"OMP_NUM_THREADS": "1", "TTFS_T0": repr(time.time())}
     here = Path(__file__).resolve().parent
     cmd = [
         str(Path(sys.executable).parent / "torchrun"),
