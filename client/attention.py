@@ -40,10 +40,20 @@ def _choice(q: Any, k: Any, v: Any, mask: Any, dropout_p: float, causal: bool, *
 
 
 def _stand_in(t: Any) -> torch.Tensor:
-    """A CPU tensor of t's geometry over memory that is never touched."""
-    shape = [int(s) for s in t.shape]
-    stride = [int(s) for s in t.stride()]
+    """A CPU tensor of t's geometry over memory that is never touched (a symbolic size at
+    the value it was traced with, without a guard that would specialise it)."""
+    shape = [_hint(s) for s in t.shape]
+    stride = [_hint(s) for s in t.stride()]
     return torch.empty_strided(shape, stride, dtype=t.dtype, device="cpu")
+
+
+def _hint(size: Any) -> int:
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        if hint is None:
+            raise TypeError("a symbolic size without a hint")
+        return int(hint)
+    return int(size)
 
 
 def scaled_dot_product_attention(

@@ -195,6 +195,9 @@ def _execute(
     except ExecutionError as e:
         rt.free_unadopted(blocks)
         raise execution_error(spec.name, e.cause) from e.cause
+    if entry.dynamic and not rt.numerics and any(o is None for o in outs):
+        rt.free_unadopted(blocks)  # (shape-only mode: a data-dependent op with no assumption)
+        raise shape_only.unsupported(f"{spec.name} (called at {user_location()})")
     for index in entry.out_args:
         result, out = inputs[index], tensors[index]
         if out.shape != result.shape:
@@ -239,7 +242,7 @@ def _execute(
 def _adopt(rt: runtime.Runtime, out: Tensor, block: Any, dynamic: bool) -> Tensor:
     if out is None:  # (shape-only mode: a data-dependent op with no assumption)
         rt.free_unadopted([block])
-        raise shape_only.unsupported(user_location())
+        raise shape_only.unsupported(f"the op called at {user_location()}")
     if dynamic:  # the size was unknown until now: account for what the op produced
         rt.free_unadopted([block])
         block = rt.allocate(out.untyped_storage().nbytes())

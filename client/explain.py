@@ -90,18 +90,35 @@ def note_placeholder(what: str) -> None:
     )
 
 
-def note_assumption(op: str, text: str) -> None:
+def note_assumption(op: str, text: str, kind: str = "assumed") -> None:
     """A data-dependent output shape taken by assumption (shape-only mode), at the line that
-    issued the op (a recorded graph's op runs later, at another line)."""
+    issued the op (a recorded graph's op runs later, at another line). kind "computed": an
+    op computed for real, its sizes unknown otherwise."""
     from trnsim.simulator import shape_only
 
     where = shape_only.issued.where
     if where:
         path, _, line = where.rpartition(":")
-        _shape_only[("assumed", op, text, path, int(line))] += 1
+        _shape_only[(kind, op, text, path, int(line))] += 1
         return
     path, n, _ = user_frame()
-    _shape_only[("assumed", op, text, path, n)] += 1
+    _shape_only[(kind, op, text, path, n)] += 1
+
+
+def note_computed(op: str, text: str) -> None:
+    note_assumption(op, text, "computed")
+
+
+def _hook_shape_only() -> None:
+    """Shape-only mode tells this module of each placeholder and assumption."""
+    from trnsim.simulator import shape_only
+
+    shape_only.hooks.placeholder = note_placeholder  # type: ignore[method-assign]
+    shape_only.hooks.assumed = note_assumption  # type: ignore[method-assign]
+    shape_only.hooks.computed = note_computed  # type: ignore[method-assign]
+
+
+_hook_shape_only()
 
 
 def reset() -> None:

@@ -325,9 +325,12 @@ class Recorder:
         wiring = tuple([wire(t) for t in tensors])
         if entry.fresh_nbytes > rt.allocator.capacity:  # never fits: the device's error now
             rt.allocate(entry.fresh_nbytes)
-        hosts = [
-            torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in entry.fresh
-        ]
+        if rt.numerics:
+            hosts = [torch.empty_strided(*meta[:2], dtype=meta[2]) for meta in entry.fresh]
+        else:  # (memory never written, and nothing known of what lived there)
+            hosts = [shape_only.empty(*meta[:2], dtype=meta[2]) for meta in entry.fresh]
+            for h in hosts:
+                shape_only.forget(h)
         outputs = [to_device(h) for h in hosts]
         self.ops.append(
             RecOp(

@@ -148,12 +148,7 @@ class Runtime:
             self.graph_log = {}
             atexit.register(self._write_manifest)
         self.numerics = settings.numerics
-        shape_only.set_numerics(settings.numerics)
-        if not settings.numerics:
-            from trnsim.client import explain
-
-            shape_only.hooks.placeholder = explain.note_placeholder
-            shape_only.hooks.assumed = explain.note_assumption
+        shape_only.set_numerics(settings.numerics)  # (its hooks: client/explain.py)
         self.set_mode(settings.eager_mode)
 
     def _write_manifest(self) -> None:

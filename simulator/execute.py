@@ -231,7 +231,11 @@ class _Step:
             return _flatten(self._call(inputs, env, scalars, None))
         args = [b(inputs, env, scalars) for b in self.arguments]
         written = list(self.written.values())
-        if shape_only.computes(self.name, args, written, self.declared, self.dtypes):
+        unknown = any(d is None for j, d in enumerate(self.declared) if j not in self.written)
+        lacking = unknown and shape_only.computed_for_lack_of_meta(self.name)
+        if lacking:
+            shape_only.hooks.computed(self.name, "computed: no Meta kernel gives its sizes")
+        if lacking or shape_only.computes(self.name, args, written, self.declared, self.dtypes):
             result = self.call(inputs, env, scalars, generator)
             if self.conforms:
                 result = self.conform(result)
@@ -242,7 +246,7 @@ class _Step:
         if assumed is not None:
             return assumed
         outs: list[Any] = []
-        for j, declared in enumerate(self.declared):
+        for j, declared in enumerate(shape_only.as_cpu_makes(self.name, args, self.declared)):
             argument = self.written.get(j)
             if argument is not None:
                 outs.append(shape_only.written(self.name, args, argument, self.types[j]))

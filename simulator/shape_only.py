@@ -55,6 +55,7 @@ class _Hooks:
 
     placeholder: Callable[[str], None] = staticmethod(lambda op: None)
     assumed: Callable[[str, str], None] = staticmethod(lambda op, text: None)
+    computed: Callable[[str, str], None] = staticmethod(lambda op, text: None)
 
 
 hooks = _Hooks()
@@ -93,9 +94,11 @@ class Known:
             self.spans[start] = (end, value)
 
     def drop(self, t: torch.Tensor) -> None:
-        """Forgets every span that starts inside t's storage (what lived there before)."""
+        """Forgets every span that overlaps t's storage (what lived there before)."""
         start, end = _span(t)
         i = bisect.bisect_left(self.starts, start)
+        if i > 0 and self.spans[self.starts[i - 1]][0] > start:
+            i -= 1  # (one that starts before and reaches into it)
         while i < len(self.starts) and self.starts[i] < max(end, start + 1):
             del self.spans[self.starts.pop(i)]
 
@@ -162,7 +165,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def is_real(t: Any) -> bool:
     """Whether t holds real values (an empty tensor holds none to miss)."""
-    return isinstance(t, torch.Tensor) and (t.numel() == 0 or real.get(t, False))
+    return isinstance(t, torch.Tensor) and (t.numel() == 0 or bool(real.get(t, False)))
 
 
 def mark_real(values: list[Any]) -> None:
@@ -324,6 +327,30 @@ def computed(name: str, args: list[Any], written: list[int], outputs: list[Any])
             note(name, args, t, in_place=id(t) in in_place)
 
 
+# Ops whose CPU kernel makes outputs of other sizes than their Meta kernel declares (the
+# sizes numerics-on runs produce, and so the ones shape-only runs must make): batch norm in
+# inference gives empty saved statistics.
+def _inference_norm(args: list[Any]) -> bool:
+    return len(args) > 5 and args[5] is False
+
+
+_CPU_SIZES: dict[str, Callable[[list[Any]], bool]] = {
+    "aten::_native_batch_norm_legit_no_training.default": lambda args: True,
+    "aten::native_batch_norm.default": _inference_norm,
+    "aten::_native_batch_norm_legit.default": _inference_norm,
+}
+
+
+def as_cpu_makes(
+    name: str, args: list[Any], declared: list[tuple[tuple[int, ...], tuple[int, ...]] | None]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]] | None]:
+    """The output sizes the CPU kernel gives, where they differ from the declared ones."""
+    rule = _CPU_SIZES.get(name)
+    if rule is None or not rule(args):
+        return declared
+    return [declared[0], ((0,), (1,)), ((0,), (1,))]
+
+
 # Ops returning a Python value decided by metadata alone (shapes, dtypes, flags), never by
 # the elements: run for real in shape-only mode (SDPA's backend choice: flash attention or
 # the math decomposition, as the CPU would choose).
@@ -354,14 +381,24 @@ def with_values(op: Any, outs: list[Any]) -> list[Any]:
 
 # -- data-dependent shapes ----------------------------------------------------------------------
 def _count(mask: torch.Tensor, numel: int | None = None) -> int:
+    """The mask's nonzeros: counted where its values are real (a mask the host supplied),
+    else expected from its density."""
     n = mask.numel() if numel is None else numel
+    if is_real(mask):
+        nonzero = int(mask.count_nonzero())
+        return nonzero if numel is None else nonzero * (n // max(mask.numel(), 1))
     return round(n * _density(mask))
+
+
+def _assume(op: str, mask: torch.Tensor, rows: int) -> None:
+    if not is_real(mask):  # (a real mask's count is exact: nothing assumed)
+        _assume(op, mask, rows)
 
 
 def _nonzero(op: str, args: list[Any]) -> list[Any]:
     x = args[0]
     rows = _count(x)
-    hooks.assumed(op, _mask_text(x, rows))
+    _assume(op, x, rows)
     return [torch.empty((rows, x.dim()), dtype=torch.int64)]
 
 
@@ -376,7 +413,7 @@ def _masked_select(op: str, args: list[Any]) -> list[Any]:
     x, mask = args[0], args[1]
     numel = torch.broadcast_shapes(x.shape, mask.shape).numel()  # type: ignore[no-untyped-call]
     rows = _count(mask, numel)
-    hooks.assumed(op, _mask_text(mask, rows))
+    _assume(op, mask, rows)
     return [torch.empty((rows,), dtype=x.dtype)]
 
 
@@ -387,7 +424,7 @@ def _index(op: str, args: list[Any]) -> list[Any]:
     for i in indices:
         if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
             rows = _count(i)
-            hooks.assumed(op, _mask_text(i, rows))
+            _assume(op, i, rows)
             meta_indices.extend(
                 torch.empty((rows,), dtype=torch.int64, device="meta") for _ in range(i.dim())
             )
@@ -478,6 +515,27 @@ def assumed_outputs(
         if not is_real(t):
             forget(t)
     return outs
+
+
+_no_meta: dict[str, bool] = {}
+
+
+def computed_for_lack_of_meta(name: str) -> bool:
+    """An op without a Meta kernel (CTC loss's backward): its sizes are unknown until it
+    runs, so shape-only mode computes it (told through hooks.assumed)."""
+    known = _no_meta.get(name)
+    if known is None:
+        op = name.removesuffix(".default")
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        known = _no_meta[name] = (
+            name not in _ASSUMED
+            and name.startswith("aten::")
+            and not any(
+                has(op, key)
+                for key in ("Meta", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+            )
+        )
+    return known
 
 
 def unsupported(name: str) -> NotImplementedError:
