@@ -248,12 +248,11 @@ def _does_not_fit(
     while state / cores > 0.8 * hbm and cores < 1024:
         cores *= 2
     layout = f"FSDP over {cores} cores" if not how else f"{how} x FSDP over {cores}"
-    row |= {
-        "params": params,
-        "state_gib": state / GiB,
-        "fits": f"{layout} ({state / cores / GiB:.1f} GiB of state per core)",
-    }
-    return row
+    fits = f"{layout} ({state / cores / GiB:.1f} GiB of state per core)"
+    if cores == 1:  # (the state fits: what does not is the step's activations)
+        fits = "the model state fits; the activations at this micro-batch do not (a smaller "
+        fits += "micro-batch, activation checkpointing, or sequence/tensor parallelism)"
+    return row | {"params": params, "state_gib": state / GiB, "fits": fits}
 
 
 def shape_only_env(target: str) -> dict[str, str]:
