@@ -380,6 +380,13 @@ def with_values(op: Any, outs: list[Any]) -> list[Any]:
 
 
 # -- data-dependent shapes ----------------------------------------------------------------------
+def _new(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An output of a data-dependent op: nothing is known of the memory it takes."""
+    t = torch.empty(shape, dtype=dtype)
+    forget(t)
+    return t
+
+
 def _count(mask: torch.Tensor, numel: int | None = None) -> int:
     """The mask's nonzeros: counted where its values are real (a mask the host supplied),
     else expected from its density."""
@@ -392,14 +399,14 @@ def _count(mask: torch.Tensor, numel: int | None = None) -> int:
 
 def _assume(op: str, mask: torch.Tensor, rows: int) -> None:
     if not is_real(mask):  # (a real mask's count is exact: nothing assumed)
-        _assume(op, mask, rows)
+        hooks.assumed(op, _mask_text(mask, rows))
 
 
 def _nonzero(op: str, args: list[Any]) -> list[Any]:
     x = args[0]
     rows = _count(x)
     _assume(op, x, rows)
-    return [torch.empty((rows, x.dim()), dtype=torch.int64)]
+    return [_new((rows, x.dim()), dtype=torch.int64)]
 
 
 def _mask_text(mask: torch.Tensor, rows: int) -> str:
@@ -414,7 +421,7 @@ def _masked_select(op: str, args: list[Any]) -> list[Any]:
     numel = torch.broadcast_shapes(x.shape, mask.shape).numel()  # type: ignore[no-untyped-call]
     rows = _count(mask, numel)
     _assume(op, mask, rows)
-    return [torch.empty((rows,), dtype=x.dtype)]
+    return [_new((rows,), dtype=x.dtype)]
 
 
 def _index(op: str, args: list[Any]) -> list[Any]:
@@ -433,16 +440,16 @@ def _index(op: str, args: list[Any]) -> list[Any]:
         else:
             meta_indices.append(i)
     meta = torch.ops.aten.index.Tensor(torch.empty_like(x, device="meta"), meta_indices)
-    return [torch.empty(meta.shape, dtype=meta.dtype)]
+    return [_new(meta.shape, dtype=meta.dtype)]
 
 
 def _unique(op: str, args: list[Any]) -> list[Any]:
     x = args[0]
     n = x.numel()
     hooks.assumed(op, f"every element of a {tuple(x.shape)} tensor distinct: {n}")
-    values = torch.empty((n,), dtype=x.dtype)
-    inverse = torch.empty(x.shape, dtype=torch.int64)
-    counts = torch.empty((n,), dtype=torch.int64)
+    values = _new((n,), dtype=x.dtype)
+    inverse = _new(x.shape, dtype=torch.int64)
+    counts = _new((n,), dtype=torch.int64)
     if op.startswith("aten::_unique."):
         return [values, inverse]
     return [values, inverse, counts]
@@ -452,7 +459,7 @@ def _uniform_counts(n: int, bins: int, dtype: torch.dtype) -> torch.Tensor:
     """n items spread evenly over the bins (the first n % bins get one more): real values,
     so the sizes the host derives from them (MoE group offsets) are those of uniform
     routing."""
-    counts = torch.full((bins,), n // bins, dtype=dtype)
+    counts = _new((bins,), dtype=dtype).fill_(n // bins)
     counts[: n % bins] += 1
     real.set(counts, True)
     return counts
@@ -481,7 +488,7 @@ def _bincount(op: str, args: list[Any]) -> list[Any]:
 def _repeat_interleave(op: str, args: list[Any]) -> list[Any]:
     repeats = args[0]
     hooks.assumed(op, f"each of {repeats.numel()} repeats taken as 1")
-    return [torch.empty((repeats.numel(),), dtype=repeats.dtype)]
+    return [_new((repeats.numel(),), dtype=repeats.dtype)]
 
 
 _ASSUMED: dict[str, Callable[[str, list[Any]], list[Any]]] = {
@@ -510,11 +517,7 @@ def assumed_outputs(
         isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]
     ):
         return None
-    outs = handler(name, args)
-    for t in outs:
-        if not is_real(t):
-            forget(t)
-    return outs
+    return handler(name, args)
 
 
 _no_meta: dict[str, bool] = {}
