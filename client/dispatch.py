@@ -240,9 +240,6 @@ def _execute(
 
 
 def _adopt(rt: runtime.Runtime, out: Tensor, block: Any, dynamic: bool) -> Tensor:
-    if out is None:  # (shape-only mode: a data-dependent op with no assumption)
-        rt.free_unadopted([block])
-        raise shape_only.unsupported(f"the op called at {user_location()}")
     if dynamic:  # the size was unknown until now: account for what the op produced
         rt.free_unadopted([block])
         block = rt.allocate(out.untyped_storage().nbytes())
