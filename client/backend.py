@@ -38,7 +38,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         refused = _refused[op] = op.namespace != "aten" and _cpu_only(op.name())
     if refused:
         raise NotImplementedError(_cpu_only_message(op.name()))
-    from trnsim.client.dispatch import kernel
+    from trnsim.client.kernel import kernel
 
     return kernel(op, *args, **kwargs)
 
@@ -106,7 +106,7 @@ _WHOLE = frozenset(
 
 def _register_direct_kernels() -> None:
     """Once, on the first neuron op (kept out of `import torch`: about 20 ms)."""
-    from trnsim.client.dispatch import kernel
+    from trnsim.client.kernel import kernel
 
     lib = torch.library.Library("aten", "IMPL")
     count = 0
@@ -186,8 +186,8 @@ def _restore(obj: Any, location: str) -> Any:
     """torch.load: storages saved from neuron (or map_location="neuron") come back on it."""
     if not location.startswith("neuron"):
         return None
-    from trnsim.client.dispatch import empty_device_tensor
     from trnsim.client.memory import to_host_alias
+    from trnsim.client.special import empty_device_tensor
 
     if obj.device.type == "neuron":
         return obj
@@ -314,10 +314,9 @@ def register() -> None:
     after_import("torch._dynamo", skip_in_dynamo)
     after_import("torch._subclasses.fake_impls", _fake_convolution_layouts)
     after_import("torch._inductor.codegen.common", _inductor_names_neuron_backend)
-    from trnsim.client import (
-        recorder,  # noqa: F401  (registers adaptive mode with the runtime)
-        ties,
-    )
+    from trnsim.client import adaptive, runtime, ties
+
+    runtime.RECORDING_MODES["adaptive"] = adaptive.Adaptive  # (the runtime imports no mode)
 
     ties.install()  # .to("neuron") keeps tied weights tied
     from trnsim.client import accelerator, neuronx

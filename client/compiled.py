@@ -2,9 +2,9 @@
 
 Dynamo captures the Python; AOTAutograd (torch._functorch) lowers each captured graph to a
 functionalized ATen forward graph and, when gradients are needed, a backward graph. Each of
-those runs as one compiled region (Runtime.compiled_region): its ops are recorded whole by
-the region recorder (client/recorder.py, beside adaptive mode's, over the same op layer), the
-region is compiled at the fused level (-O2) through the same compile client — so the daemon
+those runs as one compiled region (client/region.py): its ops are recorded whole by the
+region recorder (beside adaptive mode's, over the same buffer: client/tape.py), the region
+is compiled at the fused level (-O2) through the same compile client — so the daemon
 dedupes and caches it across processes — and launched once per call.
 
 What the compiler cannot take splits the region: an op with a data-dependent output shape
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from trnsim.client import env, errors, runtime
+from trnsim.client.region import Bound, compiled_region
 from trnsim.scheduler import buckets
 from trnsim.simulator import execute
 
@@ -87,8 +88,8 @@ def _region(
                     rt, kind, run_graph, sizes, flat, bounds, draws
                 )
             if executables[bounds] is not None:
-                bound = runtime.Bound(executables[bounds])
-        with rt.compiled_region(bound, draws):
+                bound = Bound(executables[bounds])
+        with compiled_region(rt, bound, draws):
             return run_graph(*flat)
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -113,10 +114,10 @@ def _compile_bucket(
         f"{name}={v}->{b}"
         for name, v, b in zip(sizes.names, sizes.values(real), bounds, strict=True)
     )
-    bound = runtime.Bound(compile_only=True)
+    bound = Bound(compile_only=True)
     try:
         stand_ins = sizes.stand_ins(real, at)
-        with rt.compiled_region(bound, draws):
+        with compiled_region(rt, bound, draws):
             held = run_graph(*stand_ins)  # (its outputs are the graph's: alive at the flush)
         del held
     except Exception as e:  # noqa: BLE001  (the real sizes still run, compiled one by one)

@@ -18,14 +18,13 @@ import atexit
 import json
 import os
 import sys
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trnsim.client import env
-from trnsim.client.errors import user_frame
+from trnsim.client.notes import NOTES, PLACEHOLDER, ShapeOnlyWarning, reset
 
 # Why a recorded graph was cut (scheduler/boundaries.py, and the callers of Runtime.flush).
 REASONS = {
@@ -45,86 +44,8 @@ REASONS = {
 }
 MAX_ROWS = 25  # the table's longest; to_json() has every row
 NO_USER_LINE = "<unknown>"  # autograd's backward runs on its own thread: no line of yours
-
-_cuts: Counter[tuple[str, str, str, int, str]] = Counter()
-
-
-_quiet: list[bool] = []  # explain() flushing for itself: not a cut of the user's
-
-
-def note_cut(reason: str, last_op: str) -> None:
-    """A recorded graph was cut here (adaptive mode)."""
-    if _quiet:
-        return
-    path, line, function = user_frame()
-    _cuts[(reason, last_op, path, line, function)] += 1
-
-
-# Shape-only mode: (kind, op, what, path, line) -> count; kind "placeholder" | "assumed".
-_shape_only: Counter[tuple[str, str, str, str, int]] = Counter()
-_warned: set[tuple[str, int]] = set()
-
-
-class ShapeOnlyWarning(UserWarning):
-    """A value the host read in shape-only mode (NEURON_SIM_NUMERICS=off): a placeholder."""
-
-
-PLACEHOLDER = "zeros (False for a truth value)"
-
-
-def note_placeholder(what: str) -> None:
-    """The host read a value the device never computed (shape-only mode): it got
-    PLACEHOLDER. Warned once per source line, named by it."""
-    path, line, _ = user_frame()
-    _shape_only[("placeholder", what, PLACEHOLDER, path, line)] += 1
-    if (path, line) in _warned:
-        return
-    _warned.add((path, line))
-    warnings.warn_explicit(
-        f"NEURON_SIM_NUMERICS=off: {what} read a value the simulated device never computed; "
-        f"it is a placeholder, {PLACEHOLDER}. Control flow and sizes that depend on it "
-        "follow the placeholder (torch.neuron.explain() lists every such line).",
-        ShapeOnlyWarning,
-        filename=path,
-        lineno=line,
-    )
-
-
-def note_assumption(op: str, text: str, kind: str = "assumed") -> None:
-    """A data-dependent output shape taken by assumption (shape-only mode), at the line that
-    issued the op (a recorded graph's op runs later, at another line). kind "computed": an
-    op computed for real, its sizes unknown otherwise."""
-    from trnsim.simulator import shape_only
-
-    where = shape_only.issued.where
-    if where:
-        path, _, line = where.rpartition(":")
-        _shape_only[(kind, op, text, path, int(line))] += 1
-        return
-    path, n, _ = user_frame()
-    _shape_only[(kind, op, text, path, n)] += 1
-
-
-def note_computed(op: str, text: str) -> None:
-    note_assumption(op, text, "computed")
-
-
-def _hook_shape_only() -> None:
-    """Shape-only mode tells this module of each placeholder and assumption."""
-    from trnsim.simulator import shape_only
-
-    shape_only.hooks.placeholder = note_placeholder  # type: ignore[method-assign]
-    shape_only.hooks.assumed = note_assumption  # type: ignore[method-assign]
-    shape_only.hooks.computed = note_computed  # type: ignore[method-assign]
-
-
-_hook_shape_only()
-
-
-def reset() -> None:
-    _cuts.clear()
-    _shape_only.clear()
-    _warned.clear()
+# (the notes this report reads: client/notes.py)
+__all__ = ["PLACEHOLDER", "REASONS", "Report", "ShapeOnlyWarning", "explain", "main", "reset"]
 
 
 @dataclass
@@ -252,14 +173,11 @@ def _graph_breaks() -> list[dict[str, Any]]:
 def explain() -> Report:
     from trnsim.client import runtime
 
-    _quiet.append(True)
-    try:
+    with NOTES.quiet():
         runtime.get().flush("sync")
-    finally:
-        _quiet.clear()
     cuts = [
         {"reason": r, "op": op, "where": f"{path}:{line}", "function": fn, "count": n}
-        for (r, op, path, line, fn), n in _cuts.most_common()
+        for (r, op, path, line, fn), n in NOTES.cuts.most_common()
     ]
     compiled: list[dict[str, Any]] = []
     if "trnsim.client.compiled" in sys.modules:
@@ -268,7 +186,7 @@ def explain() -> Report:
         compiled = compiled_mode.explain()
     shape_only = [
         {"kind": kind, "op": op, "what": what, "where": f"{path}:{line}", "count": n}
-        for (kind, op, what, path, line), n in _shape_only.most_common()
+        for (kind, op, what, path, line), n in NOTES.shape_only.most_common()
     ]
     return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get()), shape_only)
 

@@ -24,11 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from trnsim.compiler.graph import KERNEL_ENGINES, KernelCost
+from trnsim.client import kernel
+from trnsim.client.kernel_costs import declare_cost
+from trnsim.compiler.graph import KernelCost
 
-__all__ = ["KernelCost", "cost_of", "register_kernel"]
+__all__ = ["KernelCost", "register_kernel"]
 
-_COSTS: dict[str, Callable[..., KernelCost]] = {}  # "ns::op.overload" -> its cost function
 _LIBS: list[torch.library.Library] = []
 
 
@@ -43,28 +44,11 @@ def register_kernel(op: Any, cost: Callable[..., KernelCost]) -> None:
     namespace, name = qualified.split("::", 1)
     if namespace == "aten":
         raise ValueError("register_kernel is for custom ops; aten ops are priced by the compiler")
-    key = qualified if "." in name else f"{qualified}.default"
-    _COSTS[key] = cost
+    declare_cost(qualified if "." in name else f"{qualified}.default", cost)
     lib = torch.library.Library(namespace, "IMPL")
 
     def neuron_kernel(*args: Any, **kwargs: Any) -> Any:
-        from trnsim.client.dispatch import kernel
-
-        return kernel(overload, *args, **kwargs)
+        return kernel.kernel(overload, *args, **kwargs)
 
     lib.impl(name, neuron_kernel, "PrivateUse1")
     _LIBS.append(lib)
-
-
-def cost_of(op_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelCost | None:
-    """The declared cost of a call of a registered kernel (None for every other op)."""
-    fn = _COSTS.get(op_name)
-    if fn is None:
-        return None
-    cost = fn(*args, **kwargs)
-    if not isinstance(cost, KernelCost) or cost.engine not in KERNEL_ENGINES or cost.ns < 0:
-        raise ValueError(
-            f"the cost function of {op_name} returned {cost!r}: it must return "
-            f"torch.neuron.KernelCost(engine=one of {KERNEL_ENGINES}, ns>=0, ...)"
-        )
-    return cost

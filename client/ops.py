@@ -1,9 +1,10 @@
-"""The op layer both modes stand on, with no runtime state: what an ATen op is (OpSpec, its
+"""The op layer every mode stands on, with no runtime state: what an ATen op is (OpSpec, its
 schema's facts computed once), what the runtime memoises per signature (Entry) and how its
-results become the op's return value (Return), and how op arguments become graph arguments.
+results become the op's return value (Return), how op arguments become graph arguments, and
+the whole translation of one op call into its graph node and one-node graph (one_node).
 
-Eager dispatch (dispatch.py) and adaptive recording (recorder.py) both import this module;
-neither imports the other's privates.
+The door (kernel.py), eager mode and the recording modes all import this module; none of
+them builds a node itself.
 """
 
 from __future__ import annotations
@@ -14,17 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from trnsim.client.errors import check_device_index
+from trnsim.client import kernel_costs, layouts
+from trnsim.client.errors import check_device_index, user_frame, user_location
+from trnsim.compiler import op_table
 from trnsim.compiler.graph import (
+    Alias,
     ArgValue,
     DeviceArg,
     DTypeArg,
+    Graph,
     LayoutArg,
     MemoryFormatArg,
     Node,
     ScalarInput,
     TensorType,
     Value,
+    remap_node,
 )
 from trnsim.protos import graph_pb2
 from trnsim.simulator import dtypes, execute
@@ -247,3 +253,238 @@ def graph_arg(value: Any, inputs: list[TensorType], counter: list[int]) -> ArgVa
         f"an argument of type {type(value).__name__} ({value!r}) cannot be passed to a neuron "
         f"op yet; convert it to a tensor or a Python number"
     )
+
+
+# -- one op call as its graph node and one-node graph ------------------------------------------
+Meta = tuple[
+    tuple[int, ...], tuple[int, ...], torch.dtype
+]  # a new output's (sizes, strides, dtype)
+
+
+@dataclass(frozen=True)
+class OneNode:
+    """An op call translated for the device: its node, the one-node graph that is its own
+    executable (with the user's line), and what the runtime memoises of it (Entry's parts).
+    `recordable`: a recording mode may take it into a graph; `cpu_draw`: it may, except that
+    it draws from the CPU's generator when it runs (dropout without a generator)."""
+
+    graph: Graph
+    debug: graph_pb2.GraphDebug
+    node: Node
+    returns: list[Return]
+    dynamic: bool
+    out_args: list[int]
+    fresh: list[Meta]
+    recordable: bool
+    cpu_draw: bool
+    takes: tuple[int, ...] | None
+
+
+def one_node(
+    spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Tensor]
+) -> OneNode | None:
+    """The translation of an op call met for the first time with this signature; None when
+    it makes sparse tensors from strided ones (it runs as a sparse op, never as a node)."""
+    check_devices(spec, tensors)
+    meta_out, dynamic = _meta_outputs(spec, args, kwargs)
+    if _makes_sparse(spec, meta_out):
+        return None
+    inputs: list[TensorType] = []
+    counter = [0]
+    named: list[tuple[str, ArgValue]] = []
+    tensor_index: dict[str, int] = {}  # argument name -> its tensor index
+    for i, value in enumerate(args):
+        name = spec.positional_names[i] if i < len(spec.positional_names) else f"arg{i}"
+        if isinstance(value, Tensor):
+            tensor_index[name] = len(inputs)
+        named.append((name, graph_arg(value, inputs, counter)))
+    for name, value in kwargs.items():
+        if isinstance(value, Tensor):
+            tensor_index[name] = len(inputs)
+        named.append((name, graph_arg(value, inputs, counter)))
+    outs = _Outputs(spec, kwargs, inputs, tensor_index, {n: i for i, (n, _) in enumerate(named)})
+    for j in range(len(spec.returns_tensor)):
+        outs.add(j, meta_out[j] if meta_out is not None and j < len(meta_out) else None, dynamic)
+    op_name = spec.name if "::" in spec.name else f"aten::{spec.name}"
+    node = Node(
+        op_name,
+        tuple(named),
+        tuple(outs.types),
+        tuple(outs.aliases),
+        tuple(k for k, (name, _) in enumerate(named) if name in spec.mutated),
+        kernel_costs.cost_of(op_name, args, kwargs),  # (custom kernels only)
+    )
+    graph, takes = _one_node_graph(node, inputs, len(outs.types), counter[0], tensors)
+    path, line, function = user_frame()
+    debug = graph_pb2.GraphDebug(name=spec.name)
+    debug.node_locations.add(file=path, line=line, function=function)
+    # Random ops without a generator argument draw from the CPU's global generator when
+    # they run: recording would move that draw. (The others get the device generator.)
+    cpu_draw = op_table.is_random(node.op) and "generator" not in spec.argument_names
+    recordable = (
+        not dynamic
+        and not outs.out_args
+        and all(r.kind is not VALUE for r in outs.returns)
+        and op_table.fusible(node.op)
+    )
+    return OneNode(
+        graph, debug, node, outs.returns, dynamic, outs.out_args, outs.fresh,
+        recordable and not cpu_draw, recordable and cpu_draw, takes,
+    )  # fmt: skip
+
+
+class _Outputs:
+    """The node's outputs, return by return: their types, aliases of written arguments, and
+    how each becomes the op's return value."""
+
+    def __init__(
+        self,
+        spec: OpSpec,
+        kwargs: dict[str, Any],
+        inputs: list[TensorType],
+        tensor_index: dict[str, int],
+        position: dict[str, int],
+    ) -> None:
+        self.spec, self.kwargs, self.inputs = spec, kwargs, inputs
+        self.tensor_index, self.position = tensor_index, position
+        self.returns: list[Return] = []
+        self.types: list[TensorType] = []
+        self.aliases: list[Alias] = []
+        self.out_args: list[int] = []
+        self.fresh: list[Meta] = []
+
+    def add(self, j: int, meta: Any, dynamic: bool) -> None:
+        spec = self.spec
+        written = spec.writes.get(j)
+        if written is not None and written in self.tensor_index:
+            index = self.tensor_index[written]
+            self.returns.append(Return.written(index))
+            self.aliases.append(Alias(len(self.types), self.position[written], writes=True))
+            if written in self.kwargs:  # out=: kwarg-only in every schema
+                self.out_args.append(index)
+            self.types.append(tensor_type(meta) if isinstance(meta, Tensor) else self.inputs[index])
+        elif isinstance(meta, (list, tuple)):
+            self.returns.append(Return.items([tensor_type(m).nbytes for m in meta]))
+            self.types.extend(tensor_type(m) for m in meta)
+            self.fresh.extend(meta_of(m) for m in meta)
+        elif isinstance(meta, Tensor):
+            self.returns.append(Return.fresh(tensor_type(meta).nbytes))
+            self.types.append(tensor_type(meta))
+            self.fresh.append(meta_of(meta))
+        elif spec.returns_tensor[j] and not dynamic:
+            self.returns.append(Return(NONE))  # an optional output the op did not produce
+            self.types.append(DYNAMIC)
+        elif spec.returns_tensor[j]:
+            self.returns.append(Return.fresh(0))  # data-dependent: sized after the run
+            self.types.append(DYNAMIC)
+        else:
+            self.returns.append(Return(VALUE))
+
+
+def meta_of(t: Tensor) -> Meta:
+    return tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+def repeats(tensors: list[Tensor]) -> tuple[int, ...]:
+    """Per tensor argument, the index of its first occurrence (the same tensor passed twice)."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(t), k) for k, t in enumerate(tensors))
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        if value.is_cpu and value.dim() == 0:
+            return value  # CPU scalars mix with device tensors, as on CUDA
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, torch.device):
+        check_device_index(value)
+        return torch.device("meta") if value.type == "neuron" else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+def _meta_outputs(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    """(output values on meta, dynamic). Dynamic: the output shape depends on the data."""
+    meta_args = [_to_meta(a) for a in args]
+    meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    try:
+        out = spec.op(*meta_args, **meta_kwargs)
+    except Exception:  # noqa: BLE001
+        # No meta kernel, a data-dependent shape, or bad arguments: the real run decides
+        # (and names the op and the user's line if it fails too).
+        return None, True
+    if not isinstance(out, tuple):
+        out = (out,)
+    if layouts.chooses_layout(spec.name):  # (the CPU's layout, where Meta's differs)
+        out = layouts.as_on_cpu(spec.op, args, kwargs, out)
+    return out, False
+
+
+def _makes_sparse(spec: OpSpec, meta_out: Any) -> bool:
+    """Whether the op makes sparse tensors from strided ones (to_sparse): by its Meta
+    kernel's outputs, or by its name where their number of nonzeros needs the data."""
+    if meta_out is None:
+        return "sparse" in spec.name
+    return any(isinstance(m, Tensor) and m.layout != torch.strided for m in meta_out)
+
+
+def _one_node_graph(
+    node: Node,
+    inputs: list[TensorType],
+    n_outputs: int,
+    n_scalars: int,
+    tensors: list[Tensor],
+) -> tuple[Graph, tuple[int, ...] | None]:
+    """The op's executable graph, and which tensor arguments it takes (None: all, in order).
+    A tensor passed twice is one input, read twice, unless the op writes an argument."""
+    outputs = tuple(Value(0, j) for j in range(n_outputs))
+    first = repeats(tensors)
+    if list(first) == list(range(len(tensors))) or node.writes():
+        return Graph(tuple(inputs), (node,), outputs, num_scalar_inputs=n_scalars), None
+    takes = tuple(k for k, f in enumerate(first) if f == k)
+    position = {k: i for i, k in enumerate(takes)}
+    mapping = {Value(None, k): Value(None, position[f]) for k, f in enumerate(first)}
+    graph = Graph(
+        tuple(inputs[k] for k in takes),
+        (remap_node(node, mapping),),
+        outputs,
+        num_scalar_inputs=n_scalars,
+    )
+    return graph, takes
+
+
+# Ops that take CPU tensors next to device tensors on CUDA too: indices (moved by the op),
+# split points and bins that must be on the CPU, copies between devices.
+_TAKES_CPU_TENSORS = frozenset(
+    [
+        "aten::index.Tensor",
+        "aten::_unsafe_index.Tensor",
+        "aten::index_put.default",
+        "aten::index_put_.default",
+        "aten::_index_put_impl_.default",
+        "aten::_unsafe_index_put.default",
+        "aten::copy_.default",
+        "aten::_to_copy.default",
+        "aten::tensor_split.tensor_indices_or_sections",
+        "aten::histogramdd.default",
+        "aten::histogramdd.int_bins",
+        "aten::histogramdd.TensorList_bins",
+        "aten::_histogramdd_from_bin_tensors.default",
+        "aten::_histogramdd_from_bin_cts.default",
+        "aten::_histogramdd_bin_edges.default",
+    ]
+)
+
+
+def check_devices(spec: OpSpec, tensors: list[Tensor]) -> None:
+    """A CPU tensor (other than a 0-dim scalar) next to a neuron tensor is an error, as on
+    CUDA, except for the ops that take them there too."""
+    if spec.name in _TAKES_CPU_TENSORS or all(t.is_cpu for t in tensors):
+        return
+    if any(t.is_cpu and t.dim() > 0 for t in tensors):
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"neuron:0 and cpu! (in {spec.name}, called at {user_location()}). Move the CPU "
+            f"tensor with .to('neuron') first."
+        )

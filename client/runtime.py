@@ -35,10 +35,13 @@ DEFAULT_SEED = 67280421310721  # PyTorch's default seed for device generators
 
 
 class Recording(Protocol):
-    """A mode that records ops to run them later as graphs (adaptive: client/recorder.py).
-    Eager dispatch offers it each op and view; the runtime flushes it at sync points."""
+    """A mode that records ops to run them later as graphs (adaptive mode: client/adaptive.py;
+    compiled regions: client/region.py). The door (client/kernel.py) offers it each op and
+    view; the runtime flushes it at sync points."""
 
-    region: bool  # it records compiled mode's regions (Runtime.compiled_region)
+    # An op signature first met while it records compiles its own executable only if it is
+    # ever run on its own (a compiled region runs its ops inside the region's executable).
+    defers_op_compiles: bool
 
     @property
     def pending(self) -> bool:
@@ -60,18 +63,6 @@ class Recording(Protocol):
         ...
 
 
-@dataclasses.dataclass
-class Bound:
-    """A compiled region run inside a shape bucket (client/compiled.py): one executable,
-    compiled at the bucket's sizes, runs every size in it. `compile_only`: the region is
-    traced at the bucket's sizes to compile that executable (the recorder sets it); nothing
-    runs. `cut`: the region did not stay one graph, so the bucket's executable is not its."""
-
-    executable: execute.LoadedExecutable | None = None
-    compile_only: bool = False
-    cut: str = ""  # why, when it was cut
-
-
 @dataclasses.dataclass(frozen=True)
 class Miss:
     """A compile that missed every cache."""
@@ -87,15 +78,9 @@ class Miss:
 MAX_MISSES = 256
 
 
-class RegionCut(RuntimeError):
-    """A region traced at a bucket's sizes did not stay one graph (client/compiled.py)."""
-
-
-# The recording modes by name, each registered by its module on import (client/recorder.py:
-# "adaptive"; backend.register() imports it): the runtime imports no mode.
+# The recording modes by name ("adaptive": client/adaptive.py), given by the layer above when
+# it registers the device (client/backend.py): the runtime imports no mode.
 RECORDING_MODES: dict[str, Callable[[Runtime], Recording]] = {}
-# The recorder of compiled mode's regions (client/recorder.py registers it).
-REGION_RECORDER: list[Callable[[Runtime], Recording]] = []
 
 
 class Runtime:
@@ -129,11 +114,10 @@ class Runtime:
         # storage data_ptr -> simulated end of a collective writing it that nobody waited
         # for (client/distributed.py): the first op that reads it waits (await_collectives).
         self.awaiting: dict[int, int] = {}
-        self.recorder: Recording | None = None  # adaptive mode's (client/recorder.py)
-        self._recorder_kept: Recording | None = None  # (its graphs, while in eager mode)
-        self._region: Recording | None = None  # compiled mode's (compiled_region)
-        self.bound: Bound | None = None  # the shape bucket the current region runs in
-        self.region_draws = False  # the current region records CPU-generator draws
+        self.recorder: Recording | None = None  # the slot: the recording mode taking ops now
+        # Every recorder made, by mode ("adaptive", "region"): kept with its graphs while
+        # another mode runs.
+        self.recorders: dict[str, Recording] = {}
         self.profiler: profiler.Profiler | None = None  # (NEURON_PROFILE, torch.neuron.profile)
         if env.profile_path():
             self.profiler = profiler.Profiler(profiler.trace_path(env.profile_path()), self.core)
@@ -184,10 +168,12 @@ class Runtime:
             raise env.ConfigError(f"eager mode {mode!r}: use 'eager' or 'adaptive'")
         self.flush("sync")
         if mode == "eager":
-            if self.recorder is not None:  # (eager twice in a row keeps what was kept)
-                self._recorder_kept, self.recorder = self.recorder, None
-        elif self.recorder is None:
-            self.recorder = self._recorder_kept or RECORDING_MODES[mode](self)
+            self.recorder = None
+        else:
+            recorder = self.recorders.get(mode)
+            if recorder is None:
+                recorder = self.recorders[mode] = RECORDING_MODES[mode](self)
+            self.recorder = recorder
         self.mode = mode
 
     def close(self) -> None:
@@ -406,37 +392,6 @@ class Runtime:
     def compiles_shared(self) -> bool:
         """Whether compiles land in a cache other processes share (a daemon's)."""
         return self.compiler.shared
-
-    @contextlib.contextmanager
-    def compiled_region(
-        self, bound: Bound | None = None, draws_in_order: bool = False
-    ) -> Iterator[None]:
-        """Ops inside the block are one compiled region (client/compiled.py): recorded by
-        the region recorder whatever the eager mode, and run at the block's end. What the
-        mode's own recorder holds runs first (stream order). `bound`: the region runs in a
-        shape bucket's executable (or is traced to compile it). `draws_in_order`: nothing
-        in the block draws from the CPU's generator but the ops it records (which then
-        draw in the order they were issued)."""
-        self.flush("compiled_region")
-        previous = self.recorder
-        if self._region is None:
-            self._region = REGION_RECORDER[0](self)
-        self.recorder = self._region
-        self.bound = bound
-        self.region_draws = draws_in_order
-        try:
-            yield
-        except BaseException as e:
-            if bound is not None and bound.compile_only:
-                bound.cut = bound.cut or f"{type(e).__name__}: {e}"  # (nothing of it runs)
-            raise
-        finally:
-            try:
-                self._region.flush("region_end")  # (after an error too: those ops were issued)
-            finally:
-                self.recorder = previous
-                self.bound = None
-                self.region_draws = False
 
     def _write_profile(self) -> None:
         if self.profiler is not None:

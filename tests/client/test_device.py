@@ -19,7 +19,7 @@ def test_bare_import_torch_registers_neuron():
     assert out.stdout.split() == ["neuron:0", "True"]
 
 
-@pytest.mark.parametrize("first", ["shapes", "registry", "recorder", "dispatch"])
+@pytest.mark.parametrize("first", ["shapes", "registry", "adaptive", "kernel"])
 def test_a_program_may_import_a_client_module_before_torch(first):
     code = f"from trnsim.client import {first}; import torch; print(torch.ones(2, device='neuron').sum().item())"
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
