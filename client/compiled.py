@@ -31,18 +31,13 @@ from typing import Any
 
 import torch
 from trnsim.client import env, errors, runtime
+from trnsim.client.notes import NOTES
 from trnsim.client.region import Bound, compiled_region
 from trnsim.scheduler import buckets
 from trnsim.simulator import execute
 
 NAME = "neuron"
 log = logging.getLogger(__name__)
-_warned: list[bool] = []
-_fallbacks: list[str] = []  # why graphs ran in the eager mode instead (compiled_explain)
-_bucket_log: list[str] = []  # each shape bucket compiled or refused (compiled_explain)
-# Per code object dynamo compiled: the module it ran for and the user's line that called it
-# (dynamo names the code, which may be a decorator's wrapper or its own).
-_frames: dict[Any, dict[str, str]] = {}
 _BUCKETS = buckets.parse(env.shape_buckets())
 
 # AOTAutograd's decompositions: none. The chip's compiler takes ATen's ops as they are
@@ -124,9 +119,9 @@ def _compile_bucket(
         bound.cut = bound.cut or f"{type(e).__name__}: {e}"
     if bound.cut or bound.executable is None:
         rt.count("compiled_buckets_refused")
-        _bucket_log.append(f"{kind} graph: {where}: no bucket ({bound.cut or 'no ops'})")
+        NOTES.buckets.append(f"{kind} graph: {where}: no bucket ({bound.cut or 'no ops'})")
         return None
-    _bucket_log.append(f"{kind} graph: {where}: bucket compiled")
+    NOTES.buckets.append(f"{kind} graph: {where}: bucket compiled")
     return bound.executable
 
 
@@ -330,8 +325,9 @@ def _note_frame() -> None:
     tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
     if tx is None:
         return
-    if tx.f_code in _frames:
-        _frames[tx.f_code]["called_at"] = errors.script_location()
+    frames = NOTES.frames  # (dynamo names the code: a decorator's wrapper, or its own)
+    if tx.f_code in frames:
+        frames[tx.f_code]["called_at"] = errors.script_location()
         return
     scope = tx.f_locals
     owner = scope.get("self")
@@ -345,16 +341,15 @@ def _note_frame() -> None:
         code = getattr(forward, "__code__", None)
         where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
         note["module"] = f"{cls.__qualname__}.forward{where}"
-    _frames[tx.f_code] = note
+    frames[tx.f_code] = note
 
 
 def _eager(rt: runtime.Runtime, why: str) -> None:
     """A graph that runs in the process's eager mode instead of compiled (counted, said
     once): dynamo's captured graph itself, called op by op."""
     rt.count("compiled_fallbacks")
-    _fallbacks.append(why)
-    if not _warned:
-        _warned.append(True)
+    NOTES.eager_fallbacks.append(why)
+    if len(NOTES.eager_fallbacks) == 1:
         log.warning(
             "torch.compile(backend='neuron'): a graph runs in the eager mode instead (%s); "
             "counter compiled_fallbacks, reasons in torch.neuron.compiled_explain()",
@@ -394,14 +389,14 @@ def explain() -> list[dict[str, Any]]:
     each graph that runs in the eager mode instead of compiled, and why."""
     from torch._dynamo.utils import guard_failures
 
-    out: list[dict[str, Any]] = [{"eager_fallback": why} for why in _fallbacks]
-    out += [{"shape_bucket": what} for what in _bucket_log]
+    out: list[dict[str, Any]] = [{"eager_fallback": why} for why in NOTES.eager_fallbacks]
+    out += [{"shape_bucket": what} for what in NOTES.buckets]
     for code, reasons in guard_failures.items():
         out.append(
             {
                 "function": code.co_name,
                 "where": f"{code.co_filename}:{code.co_firstlineno}",
-                **_frames.get(code, {}),
+                **NOTES.frames.get(code, {}),
                 "recompiles": len(reasons),
                 "reasons": [str(r) for r in reasons],
             }

@@ -29,21 +29,21 @@ def run(
     if nbytes is None:
         return _execute(rt, spec, entry, tensors, scalars)
     # the hot path: one new tensor out
-    host = rt.host_alias
+    host = rt.memory.host_alias
     if entry.takes is not None:
         tensors = entry.inputs_of(tensors)
     inputs = [t if t.is_cpu else host(t) for t in tensors]
-    block = rt.allocate(nbytes)
+    block = rt.memory.allocate(nbytes)
     try:
         loaded = entry.loaded or entry.executable()
         out = loaded.run(inputs, scalars, rt.generator)[0]
     except ExecutionError as e:
-        rt.free_unadopted([block])
+        rt.memory.free_unadopted([block])
         raise execution_error(spec.name, e.cause) from e.cause
     rt.launch(loaded)
     if not entry.verified:
         _verify(entry, [out])
-    return rt.adopt(to_device(out), block, out)
+    return rt.memory.adopt(to_device(out), block, out)
 
 
 def _verify(entry: Entry, made: list[Tensor]) -> None:
@@ -63,20 +63,22 @@ def _execute(
 ) -> Any:
     """The general case: several outputs, written arguments, out=, Python values, and
     data-dependent shapes (a sync point)."""
-    inputs = [t if t.is_cpu else rt.host_alias(t) for t in entry.inputs_of(tensors)]
+    inputs = [t if t.is_cpu else rt.memory.host_alias(t) for t in entry.inputs_of(tensors)]
     # The CPU kernel may resize out=: give it a CPU tensor. (An op writing an argument takes
     # every tensor argument, so `takes` never renumbers out_args.)
     for index in entry.out_args:
         inputs[index] = torch.empty(0, dtype=tensors[index].dtype)
-    blocks = [rt.allocate(n) for r in entry.returns for n in r.sizes]
+    blocks = [rt.memory.allocate(n) for r in entry.returns for n in r.sizes]
     loaded = entry.loaded or entry.executable()
     try:
         outs = loaded.run(inputs, scalars, rt.generator)
     except ExecutionError as e:
-        rt.free_unadopted(blocks)
+        rt.memory.free_unadopted(blocks)
         raise execution_error(spec.name, e.cause) from e.cause
     if entry.dynamic and not rt.numerics and any(o is None for o in outs):
-        rt.free_unadopted(blocks)  # (shape-only mode: a data-dependent op with no assumption)
+        rt.memory.free_unadopted(
+            blocks
+        )  # (shape-only mode: a data-dependent op with no assumption)
         raise shape_only.unsupported(f"{spec.name} (called at {user_location()})")
     _write_out_args(rt, entry, inputs, tensors)
     rt.launch(loaded)
@@ -94,9 +96,9 @@ def _write_out_args(
         if out.shape != result.shape:
             out.resize_(result.shape)
         if rt.numerics:
-            rt.host_alias(out).copy_(result)
+            rt.memory.host_alias(out).copy_(result)
         else:  # (a computed result is copied in; else out's memory stays unwritten)
-            shape_only.settle(rt.host_alias(out), result)
+            shape_only.settle(rt.memory.host_alias(out), result)
 
 
 def _results(
@@ -134,6 +136,6 @@ def _results(
 
 def _adopt(rt: runtime.Runtime, out: Tensor, block: Block, dynamic: bool) -> Tensor:
     if dynamic:  # the size was unknown until now: account for what the op produced
-        rt.free_unadopted([block])
-        block = rt.allocate(out.untyped_storage().nbytes())
-    return rt.adopt(to_device(out), block, out)
+        rt.memory.free_unadopted([block])
+        block = rt.memory.allocate(out.untyped_storage().nbytes())
+    return rt.memory.adopt(to_device(out), block, out)

@@ -103,17 +103,17 @@ def signature(
 def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
     """An op through its signature's entry: taken by the recording mode, or run now."""
     rt = runtime.get()
-    counts = rt.metrics.counts
-    counts["ops_dispatched"] += 1
+    count = rt.count
+    count("ops_dispatched")
     key, tensors, scalars = signature(spec, args, kwargs)
     if rt.awaiting:  # collectives' outputs nobody waited for (client/distributed.py)
         rt.await_collectives(tensors)
     entry = rt.signatures.get(key)
     if entry is None:
-        counts["cache_misses"] += 1
+        count("cache_misses")
         entry = rt.signatures[key] = _entry(rt, spec, args, kwargs, tensors)
     else:
-        counts["cache_hits"] += 1
+        count("cache_hits")
     if entry.sparse_out:
         return sparse.launch(spec.op, args, kwargs)
     recorder = rt.recorder

@@ -44,6 +44,9 @@ COUNTERS = (
     "compiled_inference_graphs",
     "compiled_calls",  # runs of those graphs (regions)
     "compiled_graphs_ready",  # regions compiled at the fused level
+    "compiled_buckets",  # shape buckets whose one executable compiled (client/region.py)
+    "compiled_buckets_refused",  # buckets that could not be one executable: sizes compile
+    "compiled_bucket_runs",  # regions run in a bucket's executable
     "compiled_fallbacks",  # graphs AOTAutograd could not lower: run in the eager mode
     # torch.distributed on the neuron backend (client/distributed.py).
     "collectives",  # collectives and point-to-point transfers on the collective queues
@@ -51,9 +54,24 @@ COUNTERS = (
 )
 
 
+# Families of counters named at run time: cut_<reason> (why a recorded graph was cut,
+# client/explain.py REASONS).
+FAMILIES = ("cut_",)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """The one way to count: a declared counter (COUNTERS) or one of a family."""
+        counts = self.counts
+        if name in counts:
+            counts[name] += n
+        elif name.startswith(FAMILIES):
+            counts[name] = n
+        else:
+            raise KeyError(f"counter {name!r} is not declared in client/metrics.py COUNTERS")
 
     def reset(self) -> None:
         for name in list(self.counts):

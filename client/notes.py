@@ -32,11 +32,20 @@ class Notes:
         self.shape_only: Counter[tuple[str, str, str, str, int]] = Counter()
         self.warned: set[tuple[str, int]] = set()
         self._quiet = 0  # explain() flushing for itself: not a cut of the user's
+        # Compiled mode (client/compiled.py): why graphs ran in the eager mode instead, each
+        # shape bucket compiled or refused, and per code object dynamo compiled the module it
+        # ran for and the user's line that called it.
+        self.eager_fallbacks: list[str] = []
+        self.buckets: list[str] = []
+        self.frames: dict[object, dict[str, str]] = {}
 
     def reset(self) -> None:
         self.cuts.clear()
         self.shape_only.clear()
         self.warned.clear()
+        self.eager_fallbacks.clear()
+        self.buckets.clear()
+        self.frames.clear()
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

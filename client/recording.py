@@ -227,7 +227,9 @@ class Recorder:
         ]
         for (storage, host), seen in zip(made, cut.observable, strict=True):
             if seen:
-                rt.adopt_storage(storage, rt.allocate(host.untyped_storage().nbytes()), host)
+                rt.memory.adopt_storage(
+                    storage, rt.memory.allocate(host.untyped_storage().nbytes()), host
+                )
             else:
                 rt.count("internal_outputs")
 

@@ -9,7 +9,6 @@ import dataclasses
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -19,8 +18,8 @@ import torch
 from torch.autograd import profiler as autograd_profiler
 from trnsim.client import env, profiler, progress, torch_profiler
 from trnsim.client.compile_client import CompileClient, make_client
-from trnsim.client.errors import compile_error, out_of_memory, user_frame
-from trnsim.client.memory import to_host_alias
+from trnsim.client.device_memory import DeviceMemory
+from trnsim.client.errors import compile_error, user_frame
 from trnsim.client.metrics import Metrics
 from trnsim.client.ops import Entry, OpSpec
 from trnsim.compiler import CompileError, cache_key
@@ -29,7 +28,7 @@ from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import cost_model, execute, shape_only
 from trnsim.simulator.config import Target, get_target
 from trnsim.simulator.device import Event, Timeline
-from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
+from trnsim.simulator.memory import HbmAllocator
 
 DEFAULT_SEED = 67280421310721  # PyTorch's default seed for device generators
 
@@ -88,9 +87,10 @@ class Runtime:
         self.settings = settings
         self.target: Target = get_target(settings.target)
         self.core = settings.core
-        self.allocator = HbmAllocator(self.target.hbm_bytes)
-        self.timeline = Timeline(self.target)
         self.metrics = Metrics()
+        self.count = self.metrics.count  # the one counting verb (every counter declared)
+        self.memory = DeviceMemory(HbmAllocator(self.target.hbm_bytes), self.flush, self.count)
+        self.timeline = Timeline(self.target)
         self.compiler: CompileClient = make_client()
         self.options = executable_pb2.CompileOptions()  # per-op executables: -O1
         self.fused_options = executable_pb2.CompileOptions(opt_level=2)  # recorded graphs
@@ -105,12 +105,6 @@ class Runtime:
         self.dispatch_ns = self.target.host_dispatch_op_ns
         self.measured_host = settings.host_costs == "measured"
         self._host_mark = time.perf_counter_ns()
-        self._blocks: dict[int, tuple[weakref.ref[Any], Block, int]] = {}
-        self._block_keys: dict[int, int] = {}  # data_ptr -> its key in _blocks
-        self._parked: dict[int, int] = {}  # data_ptr -> bytes, of storages park()ed
-        # data_ptr of each live device storage -> the CPU tensor it was made from (same
-        # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
-        self.hosts: dict[int, torch.Tensor] = {}
         # storage data_ptr -> simulated end of a collective writing it that nobody waited
         # for (client/distributed.py): the first op that reads it waits (await_collectives).
         self.awaiting: dict[int, int] = {}
@@ -189,77 +183,6 @@ class Runtime:
         if self.recorder is not None:
             self.recorder.flush(reason)
 
-    # -- memory -------------------------------------------------------------------------------
-    def allocate(self, nbytes: int) -> Block:
-        try:
-            block = self.allocator.malloc(nbytes)
-        except OutOfMemoryError as e:
-            raise out_of_memory(e) from None
-        self.metrics.counts["allocations"] += 1
-        return block
-
-    def adopt(self, tensor: torch.Tensor, block: Block, host: torch.Tensor) -> torch.Tensor:
-        """Frees the block when the tensor's storage dies (views keep it alive); remembers
-        the CPU tensor whose memory it is until then."""
-        self.adopt_storage(tensor.untyped_storage(), block, host)
-        return tensor
-
-    def adopt_storage(self, storage: Any, block: Block, host: torch.Tensor) -> None:
-        ref = weakref.ref(storage, self._release)
-        ptr = storage.data_ptr() if block.requested and not host.is_complex() else 0
-        if ptr:
-            self.hosts[ptr] = host
-            self._block_keys[ptr] = id(ref)
-        self._blocks[id(ref)] = (ref, block, ptr)
-
-    def _release(self, ref: weakref.ref[Any]) -> None:
-        entry = self._blocks.pop(id(ref), None)
-        if entry is not None:
-            if self._parked.pop(entry[2], None) is None:  # (a parked one's block is gone)
-                self.allocator.free(entry[1])
-            if entry[2]:
-                self.hosts.pop(entry[2], None)
-                self._block_keys.pop(entry[2], None)
-
-    def park(self, storage: Any) -> None:
-        """A storage its owner calls freed while keeping the object (FSDP2 resizes an
-        unsharded parameter's storage to 0 bytes): its HBM goes back to the allocator. A
-        neuron storage cannot change size (PyTorch gives Python backends no storage
-        resize), so its host memory stays until unpark() or the storage dies."""
-        key = self._block_keys.get(storage.data_ptr(), -1)
-        entry = self._blocks.get(key)
-        if entry is not None and entry[2] not in self._parked:
-            self.flush("hazard")
-            self._parked[entry[2]] = entry[1].requested
-            self.allocator.free(entry[1])  # (the allocator may hand the Block out again)
-
-    def unpark(self, storage: Any) -> None:
-        """The storage is in use again: it takes HBM again (OutOfMemoryError if none)."""
-        key = self._block_keys.get(storage.data_ptr(), -1)
-        entry = self._blocks.get(key)
-        if entry is not None and entry[2] in self._parked:
-            block = self.allocate(self._parked.pop(entry[2]))
-            self._blocks[key] = (entry[0], block, entry[2])
-
-    def host_alias(self, t: torch.Tensor) -> torch.Tensor:
-        """A CPU tensor over a neuron tensor's memory: the allocation's own CPU tensor when
-        t is the whole allocation (parameters, op outputs), else a DLPack alias (views)."""
-        h = self.hosts.get(t.data_ptr())
-        if (
-            h is not None
-            and h.shape == t.shape
-            and h.stride() == t.stride()
-            and h.dtype == t.dtype
-            and not t.is_neg()  # (complex allocations, which may be conj views, are not kept)
-        ):
-            return h
-        return to_host_alias(t)
-
-    def free_unadopted(self, blocks: list[Block]) -> None:
-        for b in blocks:
-            if b.allocated:
-                self.allocator.free(b)
-
     # -- executables --------------------------------------------------------------------------
     def executable_for(
         self,
@@ -273,7 +196,7 @@ class Runtime:
         key = cache_key(graph, self.target, options).digest
         loaded = self.executables.get(key)
         if loaded is not None:
-            self.metrics.counts["executable_cache_hits"] += 1
+            self.count("executable_cache_hits")
             return loaded
         what = (
             f"{debug.name} (-O{options.opt_level})"
@@ -291,7 +214,7 @@ class Runtime:
         # A daemon's cache hit waited for no compile: fetched, compiled by an earlier run,
         # another process or `trnsim precompile`.
         fetched = exe.waited_compile_seconds == 0 and exe.modelled_compile_seconds > 0
-        self.metrics.counts["executables_fetched" if fetched else "executables_compiled"] += 1
+        self.count("executables_fetched" if fetched else "executables_compiled")
         if not fetched:
             self._note_miss(key, proto, options, debug)
         self.wait_for_compile(exe.waited_compile_seconds)
@@ -317,7 +240,7 @@ class Runtime:
         if exe is None:
             return None
         self._log_graph(key, to_proto(graph), debug, options)
-        self.metrics.counts["executables_fetched"] += 1
+        self.count("executables_fetched")
         loaded = self.executables[key] = execute.load(exe)
         return loaded
 
@@ -339,7 +262,7 @@ class Runtime:
         ns = self.compile_delay_ns(seconds)
         if ns:
             self.timeline.host_work(ns)
-            self.metrics.counts["compile_wait_ns"] += ns
+            self.count("compile_wait_ns", ns)
 
     def compile_delay_ns(self, seconds: float) -> int:
         """Simulated ns a compile that waited `seconds` (modelled) costs; 0 with the
@@ -415,7 +338,7 @@ class Runtime:
         timeline.host_work(host_ns if host_ns is not None else self._dispatch_cost())
         if loaded.modelled_ns:
             start = timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
-            self.metrics.counts["hbm_bytes"] += loaded.hbm_bytes
+            self.count("hbm_bytes", loaded.hbm_bytes)
             # (the per-op path: two attribute reads when nothing profiles)
             on = self.profiler is not None or autograd_profiler._is_profiler_enabled
             profilers = self.profilers() if on else ()
@@ -450,7 +373,7 @@ class Runtime:
         profile at the caller's line."""
         self.timeline.host_work(self._dispatch_cost())
         start = self.timeline.enqueue(duration_ns, self.stream, engine_ns)
-        self.metrics.counts["hbm_bytes"] += hbm_bytes
+        self.count("hbm_bytes", hbm_bytes)
         profilers = self.profilers()
         if profilers:
             path, line, _ = user_frame()
@@ -491,10 +414,6 @@ class Runtime:
         finally:
             self.stream = previous
 
-    def count(self, name: str, n: int = 1) -> None:
-        counts = self.metrics.counts
-        counts[name] = counts.get(name, 0) + n
-
     def synchronize(self, stream: int | None = None) -> None:
         self.flush("sync")
         self.timeline.synchronize(stream)
@@ -506,7 +425,7 @@ class Runtime:
             self._copy_dma("h2d", nbytes)
         else:
             self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
-        self.metrics.counts["h2d_bytes"] += nbytes
+        self.count("h2d_bytes", nbytes)
 
     def device_to_host(self, nbytes: int, to_pinned: bool = False) -> None:
         """A device->host copy. The host waits for the device, then for the transfer; a
@@ -518,7 +437,7 @@ class Runtime:
         else:
             self.synchronize()  # flushes the recorder too
             self.timeline.host_work(int(cost_model.host_transfer_ns(self.target, nbytes)))
-        self.metrics.counts["d2h_bytes"] += nbytes
+        self.count("d2h_bytes", nbytes)
 
     def _copy_dma(self, direction: str, nbytes: int) -> None:
         """A non_blocking copy with pinned host memory: the host submits a DMA on the current
@@ -528,7 +447,7 @@ class Runtime:
         self.timeline.launch(
             ns, stream=self.stream, name=direction, engine_ns={"dma": ns}, overhead_ns=0
         )
-        self.metrics.counts[f"{direction}_async_bytes"] += nbytes
+        self.count(f"{direction}_async_bytes", nbytes)
 
     def snapshot(self) -> dict[str, int]:
         self.flush("sync")

@@ -126,7 +126,7 @@ class _Aliases:
         return alias
 
     def dense(self, t: Tensor) -> Tensor:
-        alias = self.rt.host_alias(t)
+        alias = self.rt.memory.host_alias(t)
         self._remember(alias, t)
         return alias
 
@@ -216,8 +216,8 @@ class _Aliases:
         if ptr in self.cpu_inputs or same is not None:
             r = r.clone()  # (the caller's CPU memory, or device memory seen as another dtype)
         self.dense_bytes += r.numel() * r.element_size()
-        block = self.rt.allocate(r.untyped_storage().nbytes())
-        return self.rt.adopt(to_device(r), block, r)
+        block = self.rt.memory.allocate(r.untyped_storage().nbytes())
+        return self.rt.memory.adopt(to_device(r), block, r)
 
     def write_back(self, args: list[Any], written: list[int]) -> None:
         """Sparse neuron arguments an in-place op wrote: the CPU's kernel may have given the

@@ -52,13 +52,13 @@ def empty_device_tensor(
     strides = _contiguous_strides(shape) if stride is None else list(stride)
     # The simulated HBM first: a tensor the device cannot hold is its OutOfMemoryError, never
     # the host allocator's error about the memory that backs it.
-    block = rt.allocate(_span(shape, strides) * dtype.itemsize)
+    block = rt.memory.allocate(_span(shape, strides) * dtype.itemsize)
     if rt.numerics:
         host = torch.empty_strided(shape, strides, dtype=dtype)
     else:  # (never filled, even with deterministic algorithms on)
         host = shape_only.empty(shape, strides, dtype)
         shape_only.forget(host)
-    return rt.adopt(to_device(host), block, host)
+    return rt.memory.adopt(to_device(host), block, host)
 
 
 def _span(shape: Sequence[int], strides: Sequence[int]) -> int:

@@ -209,7 +209,7 @@ class Tape:
             # Its memory as it is now: `p.data = ...` (Module.to/half) may swap the tensor's
             # storage before the buffer runs, and recorded ops must read what they saw. A
             # CPU tensor is copied: the op reads it as it is now, as on a device.
-            self.input_hosts.append(t.clone() if t.is_cpu else self.rt.host_alias(t))
+            self.input_hosts.append(t.clone() if t.is_cpu else self.rt.memory.host_alias(t))
             return Value(None, k)
         return Value(None, index[0])
 
@@ -223,8 +223,8 @@ class Tape:
         i = len(self.ops)
         wire = self._wire
         wiring = tuple([wire(t) for t in tensors])
-        if entry.fresh_nbytes > rt.allocator.capacity:  # never fits: the device's error now
-            rt.allocate(entry.fresh_nbytes)
+        if entry.fresh_nbytes > rt.memory.allocator.capacity:  # never fits: the device's error now
+            rt.memory.allocate(entry.fresh_nbytes)
         if rt.numerics:
             hosts = [torch.empty_strided(*meta[:2], dtype=meta[2]) for meta in entry.fresh]
         else:  # (memory never written, and nothing known of what lived there)

@@ -108,12 +108,12 @@ def test_parked_storage_gives_back_its_hbm_and_takes_it_again() -> None:
     t = torch.empty(1 << 20, device="neuron")
     base = torch.neuron.memory_allocated()
     storage = t.untyped_storage()
-    rt.park(storage)
+    rt.memory.park(storage)
     assert torch.neuron.memory_allocated() == base - (4 << 20)
-    rt.park(storage)  # twice: nothing more
+    rt.memory.park(storage)  # twice: nothing more
     assert torch.neuron.memory_allocated() == base - (4 << 20)
-    rt.unpark(storage)
+    rt.memory.unpark(storage)
     assert torch.neuron.memory_allocated() == base
-    rt.park(storage)
+    rt.memory.park(storage)
     del t, storage  # dies parked: its block is not freed twice
     assert torch.neuron.memory_allocated() == base - (4 << 20)
