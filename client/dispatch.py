@@ -367,14 +367,14 @@ def _build(
     # own is compiled only if it is ever run on its own.
     lazy = recordable and rt.recorder is not None and rt.recorder.region
     return Entry(
-        None if lazy else rt.executable_for(graph, debug),
+        None if lazy else rt.executables.get(graph, debug),
         returns,
         dynamic,
         out_args,
         node,
         fresh,
         recordable and not cpu_draw,
-        compile_later=(lambda: rt.executable_for(graph, debug)) if lazy else None,
+        compile_later=(lambda: rt.executables.get(graph, debug)) if lazy else None,
         cpu_draw=recordable and cpu_draw,
         takes=takes,
     )

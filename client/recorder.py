@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from trnsim.client import explain, runtime
+from trnsim.client.compile_client import Compiled
 from trnsim.client.errors import execution_error, user_frame
 from trnsim.client.memory import to_device
 from trnsim.client.ops import (
@@ -48,7 +49,7 @@ from trnsim.compiler.graph import (
     remap_node,
     to_proto,
 )
-from trnsim.protos import executable_pb2, graph_pb2
+from trnsim.protos import graph_pb2
 from trnsim.scheduler import boundaries, compile_policy
 from trnsim.simulator import dtypes, execute, shape_only
 from trnsim.simulator.execute import ExecutionError
@@ -146,9 +147,9 @@ class GraphState:
     """What the runtime knows of one graph signature."""
 
     history: compile_policy.GraphHistory = field(default_factory=compile_policy.GraphHistory)
-    future: Future[executable_pb2.Executable] | None = None
+    future: Future[Compiled] | None = None
     submitted_ns: int = 0  # the simulated host time the compile was asked for
-    arrived: executable_pb2.Executable | None = None  # compiled, not yet usable (sim. time)
+    arrived: Compiled | None = None  # compiled, not yet usable (sim. time)
     ready_at_ns: int = 0
     loaded: execute.LoadedExecutable | None = None
     verified: bool = False  # the fused executable ran once without failing
@@ -443,7 +444,7 @@ class Recorder:
             bound = None  # it runs as regions without a bucket do
         if bound is not None and bound.compile_only:
             graph, debug = _graph(ops, input_types, observable, "compiled")
-            bound.executable = self.rt.executable_for(graph, debug, self.rt.fused_options)
+            bound.executable = self.rt.executables.get(graph, debug, fused=True)
             self.rt.count("compiled_buckets")
             return
         self.rt.count("graphs_formed")
@@ -456,7 +457,7 @@ class Recorder:
             state = self.graphs[signature] = GraphState()
         state.history.seen += 1
         self._collect(state)
-        if state.history.seen == 1 and not self.region and self.rt.compiles_shared:
+        if state.history.seen == 1 and not self.region and self.rt.executables.shared:
             self._fetch(state, ops, input_types, observable)
         if self.region and state.loaded is None and not state.fallback:
             if bound is not None and bound.executable is not None:
@@ -621,13 +622,14 @@ class Recorder:
             state.history,
             saving,
             compile_policy.predicted_compile_ns(len(ops)),
-            rt.compiles_shared,
+            rt.executables.shared,
         ):
             return
         state.history.requested = True
         rt.count("fused_compiles_requested")
         graph, debug = _graph(ops, input_types, observable)
-        state.future, state.submitted_ns = rt.submit(graph, debug)
+        asked = rt.executables.submit(graph, debug)
+        state.future, state.submitted_ns = asked.future, asked.at_ns
 
     def _fetch(
         self,
@@ -642,7 +644,7 @@ class Recorder:
         if _launches(ops) < 2:
             return
         graph, debug = _graph(ops, input_types, observable)
-        loaded = self.rt.fetch(graph, debug, self.rt.fused_options)
+        loaded = self.rt.executables.fetch(graph, debug, fused=True)
         if loaded is None:
             return
         state.loaded = loaded
@@ -662,7 +664,7 @@ class Recorder:
             return
         graph, debug = _graph(ops, input_types, observable, "compiled")
         try:
-            loaded = self.rt.executable_for(graph, debug, self.rt.fused_options)
+            loaded = self.rt.executables.get(graph, debug, fused=True)
         except Exception as e:  # noqa: BLE001  (a graph the compiler cannot take: op by op)
             self._fall_back(state, e)
             return
@@ -679,18 +681,18 @@ class Recorder:
         if future is not None and future.done():
             state.future = None
             try:
-                exe = future.result()
+                compiled = future.result()
             except Exception:  # noqa: BLE001  (any failure: remember it, go on op by op)
                 state.history.failed = True
                 self.rt.count("fused_compiles_failed")
                 return
-            state.arrived = exe
-            state.ready_at_ns = state.submitted_ns + self.rt.compile_delay_ns(
-                exe.waited_compile_seconds
+            state.arrived = compiled
+            state.ready_at_ns = state.submitted_ns + self.rt.executables.compile_delay_ns(
+                compiled.waited_seconds
             )
         if state.arrived is None or self.rt.host_ns < state.ready_at_ns:
             return
-        state.loaded, state.arrived = execute.load(state.arrived), None
+        state.loaded, state.arrived = self.rt.executables.load(state.arrived), None
         state.history.ready = True
         self.rt.count("fused_compiles_ready")
 
