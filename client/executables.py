@@ -36,14 +36,13 @@ class Miss:
     ops: int
     where: str  # the user's file:line of its first op
 
-    @staticmethod
-    def of(job: CompileJob) -> Miss:
-        debug = job.debug or graph_pb2.GraphDebug()
+    @classmethod
+    def of(cls, job: CompileJob) -> Miss:
+        debug = job.debug if job.debug is not None else graph_pb2.GraphDebug()
         first = debug.node_locations[0] if debug.node_locations else None
         where = f"{first.file}:{first.line}" if first is not None else ""
-        return Miss(
-            job.key, job.graph, job.options, debug.name or "graph", len(job.graph.nodes), where
-        )
+        name = debug.name or "graph"
+        return cls(job.key, job.graph, job.options, name, len(job.graph.nodes), where)
 
 
 @dataclass(frozen=True)
