@@ -13,7 +13,6 @@ from trnsim.client.notes import note_cut
 from trnsim.client.recording import GraphState, Recorder
 from trnsim.client.tape import Cut
 from trnsim.scheduler import boundaries, compile_policy
-from trnsim.simulator import execute
 
 
 class Adaptive(Recorder):
@@ -37,7 +36,7 @@ class Adaptive(Recorder):
         note_cut(reason, cut.ops[-1].name)
         state = self._state(cut)
         self._collect(state)
-        if state.history.seen == 1 and rt.compiles_shared:
+        if state.history.seen == 1 and rt.executables.shared:
             self._fetch(state, cut)
         if self._run(state, cut):
             with rt.on_stream(cut.stream):
@@ -60,13 +59,14 @@ class Adaptive(Recorder):
             state.history,
             saving,
             compile_policy.predicted_compile_ns(len(cut.ops)),
-            rt.compiles_shared,
+            rt.executables.shared,
         ):
             return
         state.history.requested = True
         rt.count("fused_compiles_requested")
         graph, debug = cut.graph()
-        state.future, state.submitted_ns = rt.submit(graph, debug)
+        asked = rt.executables.submit(graph, debug)
+        state.future, state.submitted_ns = asked.future, asked.at_ns
 
     def _fetch(self, state: GraphState, cut: Cut) -> None:
         """A graph met the first time whose fused executable a shared cache already holds
@@ -75,7 +75,7 @@ class Adaptive(Recorder):
         if cut.launches < 2:
             return
         graph, debug = cut.graph()
-        loaded = self.rt.fetch(graph, debug, self.rt.fused_options)
+        loaded = self.rt.executables.fetch(graph, debug, fused=True)
         if loaded is None:
             return
         state.loaded = loaded
@@ -91,17 +91,17 @@ class Adaptive(Recorder):
         if future is not None and future.done():
             state.future = None
             try:
-                exe = future.result()
+                compiled = future.result()
             except Exception:  # noqa: BLE001  (any failure: remember it, go on op by op)
                 state.history.failed = True
                 self.rt.count("fused_compiles_failed")
                 return
-            state.arrived = exe
-            state.ready_at_ns = state.submitted_ns + self.rt.compile_delay_ns(
-                exe.waited_compile_seconds
+            state.arrived = compiled
+            state.ready_at_ns = state.submitted_ns + self.rt.executables.compile_delay_ns(
+                compiled.waited_seconds
             )
         if state.arrived is None or self.rt.host_ns < state.ready_at_ns:
             return
-        state.loaded, state.arrived = execute.load(state.arrived), None
+        state.loaded, state.arrived = self.rt.executables.load(state.arrived), None
         state.history.ready = True
         self.rt.count("fused_compiles_ready")

@@ -3,6 +3,8 @@ baseline, and the fallback) and the per-host daemon over one gRPC stream per pro
 
 from __future__ import annotations
 
+import enum
+import functools
 import itertools
 import logging
 import queue
@@ -11,7 +13,8 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -42,24 +45,68 @@ ANSWER_DEADLINE_S = env.compile_deadline_s()
 _COMPILE_HERE = {svc.VERSION_MISMATCH, svc.CANCELLED, svc.TRANSIENT}
 
 
-class CompileClient(Protocol):
-    def compile(
-        self,
-        graph: graph_pb2.Graph,
-        target: str,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug | None,
-    ) -> executable_pb2.Executable: ...
+@dataclass(frozen=True, eq=False)
+class CompileJob:
+    """One compile to ask for: the graph, the target it runs on, the options it compiles at,
+    and its source lines (never part of the key). Its cache key is computed once, when first
+    asked for: the in-process cache files the executable under it, and a daemon's answer
+    must be for it."""
 
-    def compile_async(
-        self,
-        graph: graph_pb2.Graph,
-        target: str,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug | None,
-    ) -> Future[executable_pb2.Executable]:
-        """A background compile (adaptive mode's fused graphs): the executable, or the
-        compile's error, when it is done."""
+    graph: graph_pb2.Graph
+    target: str
+    options: executable_pb2.CompileOptions
+    debug: graph_pb2.GraphDebug | None = None
+
+    @functools.cached_property
+    def key(self) -> str:
+        """The cache key (compiler/keys.py) this process computes for the graph."""
+        target = get_target(self.target)
+        return compiler.cache_key_from_proto(self.graph, target, self.options).digest
+
+
+class Tier(enum.Enum):
+    """Where a compile's executable came from."""
+
+    IN_PROCESS = enum.auto()  # compiled in this process (no daemon, or its fallback)
+    MEMORY = enum.auto()  # the daemon's memory tier
+    DISK = enum.auto()  # the daemon's disk tier
+    COMPILED = enum.auto()  # the daemon compiled it for this request
+    JOINED = enum.auto()  # the request joined the daemon's compile already in flight
+    UNSPECIFIED = enum.auto()  # a daemon that did not say
+
+
+_TIERS = {
+    svc.MEMORY: Tier.MEMORY,
+    svc.DISK: Tier.DISK,
+    svc.COMPILED: Tier.COMPILED,
+    svc.JOINED: Tier.JOINED,
+}
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compile's answer to one request: the executable (the cacheable artifact, the same
+    for every requester), and what is this request's own: the modelled compile seconds it
+    waited for (all of a compile it started, the rest of one it joined, none for a cache
+    hit) and where the executable came from."""
+
+    executable: executable_pb2.Executable
+    waited_seconds: float
+    tier: Tier
+
+    @property
+    def fetched(self) -> bool:
+        """A cache hit: it waited for no compile (compiled by an earlier run, another process
+        or `trnsim precompile`)."""
+        return self.waited_seconds == 0 and self.executable.modelled_compile_seconds > 0
+
+
+class CompileClient(Protocol):
+    def compile(self, job: CompileJob) -> Compiled: ...
+
+    def compile_async(self, job: CompileJob) -> Future[Compiled]:
+        """A background compile (adaptive mode's fused graphs): its answer, or the compile's
+        error, when it is done."""
         ...
 
     @property
@@ -74,9 +121,9 @@ class CompileClient(Protocol):
         """For each missed (key, parts), the key cached before it that is nearest to it, and
         its parts (None: nothing to compare with); None without a shared cache to ask."""
 
-    def cached(self, key: str) -> executable_pb2.Executable | None:
-        """The executable of `key` if a shared cache holds it (never compiles): None on a
-        miss or without a shared cache."""
+    def cached(self, key: str) -> Compiled | None:
+        """The executable of `key` if a shared cache holds it (never compiles; it waited for
+        nothing): None on a miss or without a shared cache."""
 
 
 # A cache key and its parts (compiler/keys.py key_parts): what explaining a miss compares.
@@ -93,33 +140,19 @@ class InProcessCompileClient:
         self.scale = env.compile_scale()
         self._background: ThreadPoolExecutor | None = None
 
-    def compile(
-        self,
-        graph: graph_pb2.Graph,
-        target: str,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug | None,
-        background: bool = False,
-    ) -> executable_pb2.Executable:
+    def compile(self, job: CompileJob, background: bool = False) -> Compiled:
         """Compiled here: this process waits for all of its modelled compile time, and burns
         NEURON_SIM_COMPILE_SCALE x that of CPU (at the lowest priority for a background one)."""
         self.compiles += 1
-        exe = compiler.compile(graph, target, options, debug)
+        exe = compiler.compile(job.graph, job.target, job.options, job.debug)
         burn(exe.modelled_compile_seconds * self.scale, background)
-        exe.waited_compile_seconds = exe.modelled_compile_seconds
-        return exe
+        return Compiled(exe, exe.modelled_compile_seconds, Tier.IN_PROCESS)
 
-    def compile_async(
-        self,
-        graph: graph_pb2.Graph,
-        target: str,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug | None,
-    ) -> Future[executable_pb2.Executable]:
+    def compile_async(self, job: CompileJob) -> Future[Compiled]:
         """On one background thread (the compiler is pure Python: more would only contend)."""
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="trnsim-compile")
-        return self._background.submit(self.compile, graph, target, options, debug, True)
+        return self._background.submit(self.compile, job, True)
 
     def close(self) -> None:
         if self._background is not None:
@@ -129,7 +162,7 @@ class InProcessCompileClient:
     def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
         return None  # (no cache but this process's: torch.neuron.explain() compares those)
 
-    def cached(self, key: str) -> executable_pb2.Executable | None:
+    def cached(self, key: str) -> Compiled | None:
         return None
 
 
@@ -162,48 +195,33 @@ class DaemonCompileClient:
         self._warned = False
 
     # -- the interface ------------------------------------------------------------------------------
-    def compile(
-        self,
-        graph: graph_pb2.Graph,
-        target: str,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug | None,
-        priority: int = svc.BLOCKING,
-    ) -> executable_pb2.Executable:
-        request = compile_request(
-            graph, target, options, debug, background=priority == svc.BACKGROUND
-        )
+    def compile(self, job: CompileJob, priority: int = svc.BLOCKING) -> Compiled:
+        request = compile_request(job, background=priority == svc.BACKGROUND)
         future = self.submit(request)
         try:
             result = future.result(timeout=ANSWER_DEADLINE_S)
         except DaemonUnavailable as e:
-            return self._compile_here(graph, target, options, debug, str(e))
+            return self._compile_here(job, str(e))
         except FutureTimeout:
             self.cancel(request.id)
             why = f"the compile daemon did not answer within {ANSWER_DEADLINE_S:.0f} s"
-            return self._compile_here(graph, target, options, debug, why)
-        exe = self._answer(result, expected_key(graph, target, options))
-        if isinstance(exe, str):
-            return self._compile_here(graph, target, options, debug, exe)
-        exe.waited_compile_seconds = result.modelled_seconds_waited
-        if debug is not None and options.emit_debug_info:
-            exe.debug.graph.CopyFrom(debug)  # ours: the daemon never shares one client's
-        return exe
+            return self._compile_here(job, why)
+        compiled = self._answer(result, job.key)
+        if isinstance(compiled, str):
+            return self._compile_here(job, compiled)
+        if job.debug is not None and job.options.emit_debug_info:
+            # ours: the daemon never shares one client's
+            compiled.executable.debug.graph.CopyFrom(job.debug)
+        return compiled
 
     shared = True
 
-    def compile_async(
-        self,
-        graph: graph_pb2.Graph,
-        target: str,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug | None,
-    ) -> Future[executable_pb2.Executable]:
+    def compile_async(self, job: CompileJob) -> Future[Compiled]:
         """At BACKGROUND priority: the daemon runs it after every blocking compile. If the
         daemon cannot be reached, it compiles here in the background instead."""
-        out: Future[executable_pb2.Executable] = Future()
+        out: Future[Compiled] = Future()
         try:
-            key = expected_key(graph, target, options)
+            key = job.key
         except Exception as e:  # noqa: BLE001  (a malformed graph: its error, as in process)
             out.set_exception(e)
             return out
@@ -211,31 +229,29 @@ class DaemonCompileClient:
         def here(why: str) -> None:
             self.fallbacks += 1
             self._warn(f"compiling in process: {why}")
-            local = self.local.compile_async(graph, target, options, debug)
+            local = self.local.compile_async(job)
             local.add_done_callback(lambda g: _pass_on(g, out))
 
         def answered(f: Future[svc.CompileResult]) -> None:
             try:
-                result = f.result()
-                exe = self._answer(result, key)
+                compiled = self._answer(f.result(), key)
             except DaemonUnavailable as e:
                 here(str(e))
             except Exception as e:  # noqa: BLE001  (cancelled, or the graph's error)
                 out.set_exception(e)
             else:
-                if isinstance(exe, str):
-                    here(exe)
+                if isinstance(compiled, str):
+                    here(compiled)
                 else:
-                    exe.waited_compile_seconds = result.modelled_seconds_waited
-                    out.set_result(exe)
+                    out.set_result(compiled)
 
-        request = compile_request(graph, target, options, debug, background=True)
-        self.submit(request).add_done_callback(answered)
+        self.submit(compile_request(job, background=True)).add_done_callback(answered)
         return out
 
-    def _answer(self, result: svc.CompileResult, key: str) -> executable_pb2.Executable | str:
-        """The executable an answer carries; or why to compile here instead (the daemon could
-        not do it, or sent a damaged or wrong executable); or the graph's own error, raised."""
+    def _answer(self, result: svc.CompileResult, key: str) -> Compiled | str:
+        """The answer's executable and this request's wait for it; or why to compile here
+        instead (the daemon could not do it, or sent a damaged or wrong executable); or the
+        graph's own error, raised."""
         if result.WhichOneof("outcome") == "error":
             if result.error.error_class in _COMPILE_HERE:
                 return result.error.message or svc.ErrorClass.Name(result.error.error_class)
@@ -245,9 +261,13 @@ class DaemonCompileClient:
         exe = self.executable(result, key)
         if exe is None:
             return "the daemon sent a damaged or wrong executable"
-        tier = svc.CacheTier.Name(result.tier)
-        self.tiers[tier] = self.tiers.get(tier, 0) + 1
-        return exe
+        return Compiled(exe, result.modelled_seconds_waited, self._tier(result.tier))
+
+    def _tier(self, tier: svc.CacheTier) -> Tier:
+        """Counts the daemon's tier of an answer (client.tiers, by the daemon's names)."""
+        name = svc.CacheTier.Name(tier)
+        self.tiers[name] = self.tiers.get(name, 0) + 1
+        return _TIERS.get(tier, Tier.UNSPECIFIED)
 
     def cancel(self, request_id: int) -> None:
         """Withdraws a request: the daemon drops its part in the job (and the job, if no one
@@ -375,17 +395,10 @@ class DaemonCompileClient:
             return None
         return exe
 
-    def _compile_here(
-        self,
-        graph: graph_pb2.Graph,
-        target: str,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug | None,
-        why: str,
-    ) -> executable_pb2.Executable:
+    def _compile_here(self, job: CompileJob, why: str) -> Compiled:
         self.fallbacks += 1
         self._warn(f"compiling in process: {why}")
-        return self.local.compile(graph, target, options, debug)
+        return self.local.compile(job)
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -397,7 +410,7 @@ class DaemonCompileClient:
         self._lost("closed")
         self.local.close()
 
-    def cached(self, key: str) -> executable_pb2.Executable | None:
+    def cached(self, key: str) -> Compiled | None:
         channel = self._channel
         if channel is None:
             return None
@@ -416,11 +429,9 @@ class DaemonCompileClient:
         if not entry.found:
             return None
         exe = self.executable(svc.CompileResult(executable=entry.executable), key)
-        if exe is not None:
-            exe.waited_compile_seconds = 0.0  # (fetched: nothing compiled for it)
-            tier = svc.CacheTier.Name(entry.tier)
-            self.tiers[tier] = self.tiers.get(tier, 0) + 1
-        return exe
+        if exe is None:
+            return None
+        return Compiled(exe, 0.0, self._tier(entry.tier))  # (fetched: nothing compiled for it)
 
     def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
         channel = self._channel
@@ -452,38 +463,25 @@ def _same_version(info: svc.GetInfoResponse, version: str) -> bool:
     return info.compiler_version == version and info.format_version == compiler.FORMAT_VERSION
 
 
-def compile_request(
-    graph: graph_pb2.Graph,
-    target: str,
-    options: executable_pb2.CompileOptions,
-    debug: graph_pb2.GraphDebug | None,
-    background: bool = False,
-) -> svc.CompileRequest:
+def compile_request(job: CompileJob, background: bool = False) -> svc.CompileRequest:
     request = svc.CompileRequest(
         priority=svc.BACKGROUND if background else svc.BLOCKING,
-        graph=graph,
-        target=target,
-        options=options,
+        graph=job.graph,
+        target=job.target,
+        options=job.options,
         compiler_version=compiler.compiler_version(),
         format_version=compiler.FORMAT_VERSION,
     )
-    if debug is not None:
-        request.debug.CopyFrom(debug)
+    if job.debug is not None:
+        request.debug.CopyFrom(job.debug)
     return request
 
 
-def _pass_on(source: Future[Any], target: Future[Any]) -> None:
+def _pass_on(source: Future[Compiled], target: Future[Compiled]) -> None:
     try:
         target.set_result(source.result())
     except Exception as e:  # noqa: BLE001  (the compile's error, whatever it is)
         target.set_exception(e)
-
-
-def expected_key(
-    graph: graph_pb2.Graph, target: str, options: executable_pb2.CompileOptions
-) -> str:
-    """The cache key this process computes for a request: what the answer must be for."""
-    return compiler.cache_key_from_proto(graph, get_target(target), options).digest
 
 
 def make_client() -> CompileClient:

@@ -21,10 +21,13 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trnsim.client import env
 from trnsim.client.notes import NOTES, PLACEHOLDER, ShapeOnlyWarning, reset
+
+if TYPE_CHECKING:
+    from trnsim.client.executables import Executables
 
 # Why a recorded graph was cut (scheduler/boundaries.py, and the callers of Runtime.flush).
 REASONS = {
@@ -188,18 +191,19 @@ def explain() -> Report:
         {"kind": kind, "op": op, "what": what, "where": f"{path}:{line}", "count": n}
         for (kind, op, what, path, line), n in NOTES.shape_only.most_common()
     ]
-    return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get()), shape_only)
+    return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get().executables), shape_only)
 
 
-def _misses(rt: Any) -> list[dict[str, Any]]:
+def _misses(executables: Executables) -> list[dict[str, Any]]:
     """Each compile that missed every cache, with the parts of its key that differ from the
     nearest key cached before it: the daemon's (it answers a Nearest query), or without a
     daemon the nearest of this process's earlier compiles."""
     from trnsim import compiler
 
-    misses = list(rt.misses)
-    parts = [(m.key, compiler.key_parts(m.graph, rt.target, m.options)) for m in misses]
-    answers = rt.compiler.nearest(parts)
+    misses = list(executables.misses)
+    target = executables.target
+    parts = [(m.key, compiler.key_parts(m.graph, target, m.options)) for m in misses]
+    answers = executables.compiler.nearest(parts)
     against = "the daemon's cache"
     if answers is None:
         against = "this process's compiles"

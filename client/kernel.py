@@ -135,14 +135,14 @@ def _entry(
     graph, debug = made.graph, made.debug
     lazy = made.recordable and rt.recorder is not None and rt.recorder.defers_op_compiles
     return Entry(
-        None if lazy else rt.executable_for(graph, debug),
+        None if lazy else rt.executables.get(graph, debug),
         made.returns,
         made.dynamic,
         made.out_args,
         made.node,
         made.fresh,
         made.recordable,
-        compile_later=(lambda: rt.executable_for(graph, debug)) if lazy else None,
+        compile_later=(lambda: rt.executables.get(graph, debug)) if lazy else None,
         cpu_draw=made.cpu_draw,
         takes=made.takes,
     )

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 from trnsim.client import runtime
+from trnsim.client.compile_client import Compiled
 from trnsim.client.errors import execution_error
 from trnsim.client.ops import FRESH, NOT_RECORDED, Entry, OpSpec
 from trnsim.client.tape import Args, Cut, Kwargs, RecOp, Tape
 from trnsim.compiler.graph import Value
-from trnsim.protos import executable_pb2
 from trnsim.scheduler import boundaries, compile_policy
 from trnsim.simulator import execute, shape_only
 from trnsim.simulator.execute import ExecutionError
@@ -32,9 +32,9 @@ class GraphState:
     """What the runtime knows of one graph signature."""
 
     history: compile_policy.GraphHistory = field(default_factory=compile_policy.GraphHistory)
-    future: Future[executable_pb2.Executable] | None = None
+    future: Future[Compiled] | None = None
     submitted_ns: int = 0  # the simulated host time the compile was asked for
-    arrived: executable_pb2.Executable | None = None  # compiled, not yet usable (sim. time)
+    arrived: Compiled | None = None  # compiled, not yet usable (sim. time)
     ready_at_ns: int = 0
     loaded: execute.LoadedExecutable | None = None
     verified: bool = False  # the fused executable ran once without failing

@@ -99,7 +99,7 @@ class Region(Recorder):
             bound = None  # it runs as regions without a bucket do
         if bound is not None and bound.compile_only:
             graph, debug = cut.graph("compiled")
-            bound.executable = self.rt.executable_for(graph, debug, self.rt.fused_options)
+            bound.executable = self.rt.executables.get(graph, debug, fused=True)
             self.rt.count("compiled_buckets")
             return
         self.rt.count("graphs_formed")
@@ -126,7 +126,7 @@ class Region(Recorder):
             return
         graph, debug = cut.graph("compiled")
         try:
-            loaded = self.rt.executable_for(graph, debug, self.rt.fused_options)
+            loaded = self.rt.executables.get(graph, debug, fused=True)
         except Exception as e:  # noqa: BLE001  (a graph the compiler cannot take: op by op)
             self._fall_back(state, e)
             return

@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
-import dataclasses
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch.autograd import profiler as autograd_profiler
-from trnsim.client import env, profiler, progress, torch_profiler
+from trnsim.client import env, profiler, torch_profiler
 from trnsim.client.compile_client import CompileClient, make_client
 from trnsim.client.device_memory import DeviceMemory
-from trnsim.client.errors import compile_error, user_frame
+from trnsim.client.errors import user_frame
+from trnsim.client.executables import Executables
 from trnsim.client.metrics import Metrics
 from trnsim.client.ops import Entry, OpSpec
-from trnsim.compiler import CompileError, cache_key
-from trnsim.compiler.graph import Graph, to_proto
-from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator import cost_model, execute, shape_only
 from trnsim.simulator.config import Target, get_target
 from trnsim.simulator.device import Event, Timeline
@@ -62,21 +56,6 @@ class Recording(Protocol):
         ...
 
 
-@dataclasses.dataclass(frozen=True)
-class Miss:
-    """A compile that missed every cache."""
-
-    key: str
-    graph: graph_pb2.Graph
-    options: executable_pb2.CompileOptions
-    name: str  # the op, or the kind of graph
-    ops: int
-    where: str  # the user's file:line of its first op
-
-
-MAX_MISSES = 256
-
-
 # The recording modes by name ("adaptive": client/adaptive.py), given by the layer above when
 # it registers the device (client/backend.py): the runtime imports no mode.
 RECORDING_MODES: dict[str, Callable[[Runtime], Recording]] = {}
@@ -92,13 +71,7 @@ class Runtime:
         self.memory = DeviceMemory(HbmAllocator(self.target.hbm_bytes), self.flush, self.count)
         self.timeline = Timeline(self.target)
         self.compiler: CompileClient = make_client()
-        self.options = executable_pb2.CompileOptions()  # per-op executables: -O1
-        self.fused_options = executable_pb2.CompileOptions(opt_level=2)  # recorded graphs
         self.signatures: dict[tuple[Any, ...], Entry] = {}
-        self.executables: dict[str, execute.LoadedExecutable] = {}
-        # Background compiles submitted and not finished (progress lines count them): a set,
-        # as their callbacks run on the compile thread.
-        self._background: set[Future[executable_pb2.Executable]] = set()
         self.generator = torch.Generator()
         self.generator.manual_seed(DEFAULT_SEED)
         self.stream = 0
@@ -116,45 +89,12 @@ class Runtime:
         if env.profile_path():
             self.profiler = profiler.Profiler(profiler.trace_path(env.profile_path()), self.core)
             atexit.register(self._write_profile)
-        # NEURON_RECORD_GRAPHS: every graph compiled or fetched, by cache key, for the
-        # precompile manifest written at exit (trnsim precompile compiles it ahead).
-        self.graph_log: dict[str, Any] | None = None
-        self.misses: collections.deque[Miss] = collections.deque(maxlen=MAX_MISSES)
-        # The fused graphs this process asked to compile, by key: (future, host ns asked at).
-        self._submitted: dict[str, tuple[Future[executable_pb2.Executable], int]] = {}
-        if env.record_graphs():
-            self.graph_log = {}
-            atexit.register(self._write_manifest)
+        self.executables = Executables(
+            self.compiler, self.target, self.timeline, self.metrics, settings.compile_clock
+        )
         self.numerics = settings.numerics
         shape_only.set_numerics(settings.numerics)  # (its hooks: client/explain.py)
         self.set_mode(settings.eager_mode)
-
-    def _write_manifest(self) -> None:
-        from trnsim.compiler import manifest
-
-        graphs = dict(self.graph_log or {})  # (a background compile may still add one)
-        if graphs:
-            path = Path(env.record_graphs())
-            n = manifest.merge_into(path, graphs)
-            print(
-                f"trnsim: {len(graphs)} graphs of this run in {path} ({n} in all); "
-                f"compile them ahead with: trnsim precompile {path}",
-                file=sys.stderr,
-            )
-            for key in graphs:
-                self.graph_log.pop(key, None)  # type: ignore[union-attr]  # (graphs: not None)
-
-    def _log_graph(
-        self,
-        key: str,
-        graph: graph_pb2.Graph,
-        debug: graph_pb2.GraphDebug | None,
-        options: executable_pb2.CompileOptions,
-    ) -> None:
-        if self.graph_log is not None and key not in self.graph_log:
-            from trnsim.compiler import manifest
-
-            self.graph_log[key] = manifest.request(graph, debug, self.target.name, options)
 
     def set_mode(self, mode: str) -> None:
         """eager or adaptive; what was recorded runs first. Graphs seen so far are kept."""
@@ -183,138 +123,10 @@ class Runtime:
         if self.recorder is not None:
             self.recorder.flush(reason)
 
-    # -- executables --------------------------------------------------------------------------
-    def executable_for(
-        self,
-        graph: Graph,
-        debug: graph_pb2.GraphDebug,
-        options: executable_pb2.CompileOptions | None = None,
-    ) -> execute.LoadedExecutable:
-        """The loaded executable of a graph: from the in-process cache by key, else compiled
-        now (at blocking priority: the op waits for it), at `options` (per-op: -O1)."""
-        options = options or self.options
-        key = cache_key(graph, self.target, options).digest
-        loaded = self.executables.get(key)
-        if loaded is not None:
-            self.count("executable_cache_hits")
-            return loaded
-        what = (
-            f"{debug.name} (-O{options.opt_level})"
-            if len(graph.nodes) == 1
-            else f"a {debug.name or ''} graph of {len(graph.nodes)} ops (-O{options.opt_level})"
-        )
-        try:
-            proto = to_proto(graph)
-            with progress.compile_wait(what, lambda: len(self._background)) as done:
-                exe = self.compiler.compile(proto, self.target.name, options, debug)
-                done(exe.modelled_compile_seconds)
-        except CompileError as e:
-            raise compile_error(debug, e) from e
-        self._log_graph(key, proto, debug, options)
-        # A daemon's cache hit waited for no compile: fetched, compiled by an earlier run,
-        # another process or `trnsim precompile`.
-        fetched = exe.waited_compile_seconds == 0 and exe.modelled_compile_seconds > 0
-        self.count("executables_fetched" if fetched else "executables_compiled")
-        if not fetched:
-            self._note_miss(key, proto, options, debug)
-        self.wait_for_compile(exe.waited_compile_seconds)
-        loaded = self.executables[key] = execute.load(exe)
-        return loaded
-
-    def fetch(
-        self,
-        graph: Graph,
-        debug: graph_pb2.GraphDebug,
-        options: executable_pb2.CompileOptions,
-    ) -> execute.LoadedExecutable | None:
-        """The loaded executable of a graph if this process or a shared cache already holds
-        it; never compiles (adaptive mode asks for a graph it meets the first time: one that
-        `trnsim precompile` or another process compiled runs fused at once)."""
-        key = cache_key(graph, self.target, options).digest
-        loaded = self.executables.get(key)
-        if loaded is not None:
-            return loaded
-        if key in self._submitted:  # (its own background compile: ready on the compile clock)
-            return None
-        exe = self.compiler.cached(key) if self.compiler.shared else None
-        if exe is None:
-            return None
-        self._log_graph(key, to_proto(graph), debug, options)
-        self.count("executables_fetched")
-        loaded = self.executables[key] = execute.load(exe)
-        return loaded
-
-    def _note_miss(
-        self,
-        key: str,
-        proto: graph_pb2.Graph,
-        options: executable_pb2.CompileOptions,
-        debug: graph_pb2.GraphDebug,
-    ) -> None:
-        """A compile that missed every cache (torch.neuron.explain() says what differed from
-        the nearest cached key): the newest MAX_MISSES are kept."""
-        where = debug.node_locations[0] if debug.node_locations else None
-        line = f"{where.file}:{where.line}" if where is not None else ""
-        self.misses.append(Miss(key, proto, options, debug.name or "graph", len(proto.nodes), line))
-
-    def wait_for_compile(self, seconds: float) -> None:
-        """The host waits for the modelled compile time it needs (NEURON_SIM_COMPILE_CLOCK)."""
-        ns = self.compile_delay_ns(seconds)
-        if ns:
-            self.timeline.host_work(ns)
-            self.count("compile_wait_ns", ns)
-
-    def compile_delay_ns(self, seconds: float) -> int:
-        """Simulated ns a compile that waited `seconds` (modelled) costs; 0 with the
-        compile clock off (NEURON_SIM_COMPILE_CLOCK=off)."""
-        return int(seconds * 1e9) if self.settings.compile_clock and seconds > 0 else 0
-
     @property
     def host_ns(self) -> int:
         """The simulated host clock."""
         return int(self.timeline.host_ns)
-
-    def submit(
-        self, graph: Graph, debug: graph_pb2.GraphDebug
-    ) -> tuple[Future[executable_pb2.Executable], int]:
-        """A compile at background priority and -O2 (adaptive mode's fused graphs): nothing
-        waits for it; the future holds the executable, or the compile's error. Returns it with
-        the host time it was asked for. A graph asked for again (another recorded graph with
-        the same program) shares the first request: one compile, ready at one time on the
-        simulated clock, whenever the real compile ends."""
-        proto = to_proto(graph)
-        key = cache_key(graph, self.target, self.fused_options).digest
-        asked = self._submitted.get(key)
-        if asked is not None:
-            return asked
-        future = self.compiler.compile_async(proto, self.target.name, self.fused_options, debug)
-        asked = self._submitted[key] = (future, self.host_ns)
-        if self.graph_log is not None:  # (still compiling at exit: precompile finishes it)
-            self._log_graph(key, proto, debug, self.fused_options)
-            log = self.graph_log
-
-            def drop_if_refused(f: Future[executable_pb2.Executable]) -> None:
-                if f.cancelled() or f.exception() is not None:  # not one to compile again
-                    log.pop(key, None)
-
-            future.add_done_callback(drop_if_refused)
-
-        def note_if_compiled(f: Future[executable_pb2.Executable]) -> None:
-            if f.cancelled() or f.exception() is not None:
-                return
-            exe = f.result()
-            if not (exe.waited_compile_seconds == 0 and exe.modelled_compile_seconds > 0):
-                self._note_miss(key, proto, self.fused_options, debug)
-
-        future.add_done_callback(note_if_compiled)
-        self._background.add(future)
-        future.add_done_callback(self._background.discard)
-        return asked
-
-    @property
-    def compiles_shared(self) -> bool:
-        """Whether compiles land in a cache other processes share (a daemon's)."""
-        return self.compiler.shared
 
     def _write_profile(self) -> None:
         if self.profiler is not None:

@@ -247,7 +247,7 @@ class ExecutableCache:
         with self._lock:
             return key in self.memory
 
-    def get(self, key: str) -> tuple[svc.ExecutableBlob, int] | None:
+    def get(self, key: str) -> tuple[svc.ExecutableBlob, svc.CacheTier] | None:
         with self._lock:
             cached = self.memory.get(key)
         if cached is not None:

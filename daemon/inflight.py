@@ -20,6 +20,9 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.scheduler import priorities
 
 log = logging.getLogger(__name__)
+# Hands one answer to the stream that asked for it (daemon/service.py). It is called on
+# whichever thread has the answer (the event loop, an I/O thread, a worker's supervisor), so
+# it only queues the answer for the stream's own loop.
 Deliver = Callable[[svc.CompileResult], None]
 
 

@@ -11,14 +11,14 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 from trnsim import compiler
 from trnsim.compiler.graph import GraphError, from_proto
 from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import DaemonConfig
-from trnsim.daemon.inflight import InFlight, Job, Waiter
+from trnsim.daemon.inflight import Deliver, InFlight, Job, Waiter
 from trnsim.daemon.wire import Undecodable
 from trnsim.daemon.workers import Done, WorkerPool
 from trnsim.protos import compile_service_pb2 as svc
@@ -46,8 +46,8 @@ class Stats:
         self.compile_seconds: list[float] = []
         self.seconds_saved = 0.0
 
-    def failure(self, error_class: int) -> None:
-        name = svc.ErrorClass.Name(error_class)  # type: ignore[arg-type]
+    def failure(self, error_class: svc.ErrorClass) -> None:
+        name = svc.ErrorClass.Name(error_class)
         with self.lock:
             self.failures[name] = self.failures.get(name, 0) + 1
 
@@ -167,7 +167,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
         request: svc.CompileRequest | Undecodable,
         owed: Counter[int],
         out: asyncio.Queue[tuple[svc.CompileResult, bool] | str],
-        from_thread: Any,
+        from_thread: Deliver,
     ) -> None:
         """One message of a Compile stream: answered at once, or sent the slow way."""
         if isinstance(request, Undecodable):
@@ -187,7 +187,9 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 self._io, self._handle_safely, stream, request, from_thread, fast or None
             )
 
-    def _answer_fast(self, stream: int, request: svc.CompileRequest, deliver: Any) -> bool | str:
+    def _answer_fast(
+        self, stream: int, request: svc.CompileRequest, deliver: Deliver
+    ) -> bool | str:
         """Answers from the memory tier when it can (True). Otherwise the request goes the
         slow way, with its key when it was hashed here (a miss), else False. Only small
         graphs are hashed here: the event loop serves every client."""
@@ -213,7 +215,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
         return True
 
     def _handle_safely(
-        self, stream: int, request: svc.CompileRequest, deliver: Any, key: str | None = None
+        self, stream: int, request: svc.CompileRequest, deliver: Deliver, key: str | None = None
     ) -> None:
         """_handle, with the guarantee that the request gets an answer, whatever fails."""
         answered = False
@@ -233,7 +235,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 once(_error_result(request.id, svc.TRANSIENT, message))
 
     def _handle(
-        self, stream: int, request: svc.CompileRequest, deliver: Any, key: str | None = None
+        self, stream: int, request: svc.CompileRequest, deliver: Deliver, key: str | None = None
     ) -> None:
         """A request the memory tier did not answer; `key`, when the event loop already
         hashed its graph after checking its versions (the graph is validated here all the
@@ -257,7 +259,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             blob, tier = hit
             with self.stats.lock:
                 self.stats.seconds_saved += blob.compile_seconds
-            deliver(svc.CompileResult(id=request.id, cache_key=key, executable=blob, tier=tier))  # type: ignore[arg-type]
+            deliver(svc.CompileResult(id=request.id, cache_key=key, executable=blob, tier=tier))
             return
         cached_error = self.cache.get_error(key)
         if cached_error is not None:
@@ -279,7 +281,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
         job_key, job_request = shared_job(key, request)
         self.inflight.submit(job_key, job_request, waiter)
 
-    def _invalid(self, request: svc.CompileRequest, deliver: Any, e: Exception) -> None:
+    def _invalid(self, request: svc.CompileRequest, deliver: Deliver, e: Exception) -> None:
         self.stats.failure(svc.INVALID_REQUEST)
         error = svc.CompileError(error_class=svc.INVALID_REQUEST, message=f"malformed graph: {e}")
         deliver(svc.CompileResult(id=request.id, error=error))
@@ -434,7 +436,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             entry = response.entries.add(cache_key=key, found=hit is not None)
             if hit is not None:
                 entry.executable.CopyFrom(hit[0])
-                entry.tier = hit[1]  # type: ignore[assignment]
+                entry.tier = hit[1]
         with self.stats.lock:
             self.stats.lookups += len(request.cache_keys)
         return response
@@ -534,8 +536,8 @@ def build_service(config: DaemonConfig) -> CompileService:
     return CompileService(config, cache, InFlight(), start_pool)
 
 
-def _error_result(request_id: int, error_class: int, message: str) -> svc.CompileResult:
-    error = svc.CompileError(error_class=error_class, message=message)  # type: ignore[arg-type]
+def _error_result(request_id: int, error_class: svc.ErrorClass, message: str) -> svc.CompileResult:
+    error = svc.CompileError(error_class=error_class, message=message)
     return svc.CompileResult(id=request_id, error=error)
 
 

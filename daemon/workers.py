@@ -22,6 +22,8 @@ from trnsim.scheduler import priorities
 
 log = logging.getLogger(__name__)
 
+# Hands a job's result (or the daemon's error for it) to the service, on the thread that
+# supervised the compile: the service caches it and answers the job's waiters.
 Done = Callable[[Job, svc.CompileResult], None]
 
 
@@ -170,5 +172,5 @@ class WorkerPool:
             t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _error(error_class: int, message: str) -> svc.CompileResult:
-    return svc.CompileResult(error=svc.CompileError(error_class=error_class, message=message))  # type: ignore[arg-type]
+def _error(error_class: svc.ErrorClass, message: str) -> svc.CompileResult:
+    return svc.CompileResult(error=svc.CompileError(error_class=error_class, message=message))

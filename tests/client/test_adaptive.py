@@ -133,10 +133,10 @@ def test_views_in_place_and_aliasing_match_eager(adaptive):
 def test_a_failed_fused_compile_keeps_running_op_by_op(adaptive, monkeypatch):
     real = adaptive.compiler.compile
 
-    def failing(graph, target, options, debug):
-        if len(graph.nodes) > 1:
+    def failing(job, background=False):
+        if len(job.graph.nodes) > 1:
             raise RuntimeError("injected: the fused compile failed")
-        return real(graph, target, options, debug)
+        return real(job, background)
 
     monkeypatch.setattr(adaptive.compiler, "compile", failing)
     x = torch.randn(64).to("neuron")

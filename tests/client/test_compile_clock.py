@@ -23,10 +23,10 @@ m1 = torch.neuron.metrics()
 z = torch.relu(x); torch.neuron.synchronize()
 m2 = torch.neuron.metrics()
 from trnsim.client import runtime
-exe = next(iter(runtime.get().executables.values()))
+exe = next(iter(runtime.get().executables.loaded.values()))
 print(json.dumps({"first": m1["host_ns"] - m0["host_ns"], "second": m2["host_ns"] - m1["host_ns"],
                   "wait": m1["compile_wait_ns"] - m0["compile_wait_ns"],
-                  "modelled": [e.executable.modelled_compile_seconds for e in runtime.get().executables.values()]}))
+                  "modelled": [e.executable.modelled_compile_seconds for e in runtime.get().executables.loaded.values()]}))
 """
 
 ADAPTIVE = """

@@ -174,7 +174,7 @@ def test_an_input_read_twice_counts_once_in_the_per_op_hbm_check() -> None:
 
     a = torch.randn(333, 77, device="neuron")
     b = torch.randn(333, 77, device="neuron")
-    options = runtime.get().options
+    options = runtime.get().executables.options
     options.hbm_budget_bytes = int(2.5 * a.nbytes)
     try:
         assert torch.equal((a * a).cpu(), a.cpu() * a.cpu())

@@ -61,7 +61,7 @@ def small_hbm():
     """A runtime whose compiler plans for 1 MiB of HBM (CompileOptions.hbm_budget_bytes)."""
     saved = runtime._runtime
     rt = runtime._runtime = runtime.Runtime(env.read())
-    rt.options.hbm_budget_bytes = 1 << 20
+    rt.executables.options.hbm_budget_bytes = 1 << 20
     try:
         yield rt
     finally:

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import psutil
 from trnsim import compiler
-from trnsim.client.compile_client import DaemonCompileClient
+from trnsim.client.compile_client import CompileJob, DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.daemon import launcher
 from trnsim.protos import compile_service_pb2 as svc
@@ -83,6 +83,12 @@ def start_daemon(
     raise RuntimeError(f"daemon did not answer: {log.read_text()}")
 
 
+def pythonpath(first: Path) -> str:
+    """PYTHONPATH for a child process: `first` (the repository, for `tests.*`), then the
+    caller's own (a checkout tested in place of the installed package stays in place)."""
+    return os.pathsep.join(p for p in (str(first), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def answers(address: str, *requests: svc.CompileRequest) -> list[svc.CompileResult]:
     """One answer per request, over one client stream (the test's deadline catches a
     missing one)."""
@@ -106,6 +112,12 @@ def graph(i: int, size: int = 64):
     w = b.input([size + i, size])
     y = b.op("aten::mm.default", x, w, out=TensorType.contiguous([size, size]))
     return b.build(b.op("aten::relu.default", y, out=TensorType.contiguous([size, size])))
+
+
+def job(i: int, **options: object) -> CompileJob:
+    """request(i) as the compile client takes it."""
+    r = request(i, **options)
+    return CompileJob(r.graph, r.target, r.options)
 
 
 def request(i: int, **options: object) -> svc.CompileRequest:

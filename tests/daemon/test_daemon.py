@@ -22,13 +22,23 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2
 
-from .helpers import answers, cache_rows, daemon_stats, graph, request, set_row, start_daemon
+from .helpers import (
+    answers,
+    cache_rows,
+    daemon_stats,
+    graph,
+    job,
+    pythonpath,
+    request,
+    set_row,
+    start_daemon,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_eight_processes_same_twenty_graphs_compile_once(daemon):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(REPO)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.daemon.dedupe_client", daemon.address, "20", "200"],
@@ -59,7 +69,7 @@ def test_eight_processes_same_twenty_graphs_compile_once(daemon):
 
 
 def test_kill_9_while_four_clients_train(daemon):
-    env = {**os.environ, "NEURON_COMPILE_DAEMON": daemon.address, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "NEURON_COMPILE_DAEMON": daemon.address, "PYTHONPATH": pythonpath(REPO)}
     procs = [
         subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "daemon" / "train_client.py"), "12"],
@@ -313,11 +323,9 @@ def test_auto_started_daemon_is_one_and_exits_when_idle(short_tmp):
 def test_client_without_daemon_compiles_in_process(short_tmp):
     client = DaemonCompileClient(f"unix:{short_tmp / 'none.sock'}", auto_start=False)
     with pytest.warns(RuntimeWarning, match="compiling in process"):
-        exe = client.compile(request(1).graph, "trn2", executable_pb2.CompileOptions(), None)
+        exe = client.compile(job(1)).executable
     assert exe.modelled_ns > 0 and client.fallbacks == 1
-    client.compile(
-        request(2).graph, "trn2", executable_pb2.CompileOptions(), None
-    )  # no second warning
+    client.compile(job(2))  # no second warning
     assert client.fallbacks == 2
 
 
@@ -337,17 +345,16 @@ def test_client_reconnects_after_the_daemon_returns(short_tmp, monkeypatch):
     monkeypatch.setattr(cc, "RECONNECT_AFTER_S", 0.2)
     d = start_daemon(short_tmp, "--workers", "1")
     client = DaemonCompileClient(d.address, auto_start=False)
-    options = executable_pb2.CompileOptions()
-    client.compile(request(1).graph, "trn2", options, None)
+    client.compile(job(1))
     assert client.fallbacks == 0 and client.tiers == {"COMPILED": 1}
     d.stop()
     with pytest.warns(RuntimeWarning, match="compiling in process"):
-        client.compile(request(2).graph, "trn2", options, None)
+        client.compile(job(2))
     assert client.fallbacks == 1
     d = start_daemon(short_tmp, "--workers", "1", cache_dir=d.cache_dir)
     try:
         time.sleep(0.3)
-        client.compile(request(1).graph, "trn2", options, None)
+        client.compile(job(1))
         assert client.fallbacks == 1 and client.tiers.get("DISK") == 1, client.tiers
     finally:
         client.close()
@@ -363,7 +370,7 @@ def test_an_auto_started_daemon_of_another_version_is_replaced(short_tmp, monkey
     # The running daemon plays one from an older installation.
     monkeypatch.setattr(cc, "_same_version", lambda info, version: info.pid != old_pid)
     try:
-        client.compile(request(1).graph, "trn2", executable_pb2.CompileOptions(), None)
+        client.compile(job(1))
         info = launcher.get_info(d.address)
         assert info is not None and info.pid != old_pid, "a fresh daemon took over the socket"
         assert d.proc.wait(timeout=60) == 0, "the old one drained and exited"

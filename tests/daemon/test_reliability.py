@@ -18,7 +18,7 @@ import grpc
 import psutil
 import pytest
 from trnsim import compiler
-from trnsim.client.compile_client import DaemonCompileClient
+from trnsim.client.compile_client import CompileJob, DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.daemon import launcher
 from trnsim.daemon.cli import main as cli
@@ -32,6 +32,8 @@ from .helpers import (
     cache_rows,
     daemon_stats,
     graph,
+    job,
+    pythonpath,
     request,
     set_row,
     start_daemon,
@@ -317,8 +319,10 @@ def test_debug_info_and_test_hooks_stay_with_their_requester(daemon):
     try:
         a = request(31)
         options = executable_pb2.CompileOptions(emit_debug_info=True)
-        exe_a = client.compile(a.graph, "trn2", options, mine)
-        exe_b = client.compile(a.graph, "trn2", executable_pb2.CompileOptions(), None)
+        exe_a = client.compile(CompileJob(a.graph, "trn2", options, mine)).executable
+        exe_b = client.compile(
+            CompileJob(a.graph, "trn2", executable_pb2.CompileOptions())
+        ).executable
         assert exe_a.debug.graph.node_locations[0].file == "/home/a/secret.py"
         assert "secret" not in exe_b.SerializeToString().decode("latin-1")
         crash = client.submit(request(32, debug_crash_worker=True))
@@ -452,12 +456,12 @@ def test_a_daemon_that_never_answers_costs_a_deadline_not_a_hang(short_tmp):
         _until(sock.exists, "the mute server")
         client_code = (
             "import sys, time; from trnsim.client.compile_client import DaemonCompileClient; "
-            "from tests.daemon.helpers import request; from trnsim.protos import executable_pb2; "
-            f"c = DaemonCompileClient('unix:{sock}', auto_start=False); r = request(1); t = time.monotonic(); "
-            "exe = c.compile(r.graph, 'trn2', executable_pb2.CompileOptions(), None); "
+            "from tests.daemon.helpers import job; "
+            f"c = DaemonCompileClient('unix:{sock}', auto_start=False); t = time.monotonic(); "
+            "exe = c.compile(job(1)).executable; "
             "print(bool(exe.cache_key), round(time.monotonic() - t))"
         )
-        env = {**os.environ, "NEURON_COMPILE_DEADLINE": "2", "PYTHONPATH": str(Path.cwd())}
+        env = {**os.environ, "NEURON_COMPILE_DEADLINE": "2", "PYTHONPATH": pythonpath(Path.cwd())}
         out = subprocess.run(
             [sys.executable, "-c", client_code],
             check=False,
@@ -502,7 +506,7 @@ def test_a_compile_over_the_daemon_limit_is_not_retried_in_process(short_tmp):
     try:
         slow = request(41, debug_sleep_ms=5000)
         with pytest.raises(compiler.CompileError, match="limit"):
-            client.compile(slow.graph, "trn2", slow.options, None)
+            client.compile(CompileJob(slow.graph, "trn2", slow.options))
         assert client.local.compiles == 0
     finally:
         client.close()
@@ -517,9 +521,8 @@ def test_sigkill_of_the_daemon_mid_stream_fails_over_to_in_process(daemon):
         os.kill(daemon.pid(), signal.SIGKILL)
         with pytest.raises(Exception, match="went away"):
             slow.result(timeout=60)
-        r = request(52)
         with pytest.warns(RuntimeWarning, match="compiling in process"):
-            exe = client.compile(r.graph, "trn2", executable_pb2.CompileOptions(), None)
+            exe = client.compile(job(52)).executable
         assert exe.cache_key and client.local.compiles == 1
     finally:
         client.close()
@@ -545,12 +548,10 @@ def test_a_daemon_that_cannot_be_started_leaves_compiles_in_process(short_tmp):
     client = DaemonCompileClient(f"unix:{run / 'c.sock'}", auto_start=True)
     try:
         with pytest.warns(RuntimeWarning, match="compiling in process.*unavailable"):
-            exe = client.compile(request(61).graph, "trn2", executable_pb2.CompileOptions(), None)
+            exe = client.compile(job(61)).executable
         assert exe.cache_key and client.local.compiles == 1
-        future = client.compile_async(
-            request(62).graph, "trn2", executable_pb2.CompileOptions(), None
-        )
-        assert future.result(timeout=60).cache_key and client.local.compiles == 2
+        future = client.compile_async(job(62))
+        assert future.result(timeout=60).executable.cache_key and client.local.compiles == 2
     finally:
         client.close()
 
@@ -570,12 +571,11 @@ def test_a_daemon_that_exits_at_start_says_why_to_the_client(short_tmp, monkeypa
     monkeypatch.setattr(cc, "RECONNECT_AFTER_S", 0.0)
     client = DaemonCompileClient(default_address(), auto_start=True)
     try:
-        options = executable_pb2.CompileOptions()
         with pytest.warns(RuntimeWarning, match="exited at start.*open to other users"):
-            client.compile(request(91).graph, "trn2", options, None)
+            client.compile(job(91))
         log = short_tmp / "xdg" / "trnsim" / "daemon.log"
         starts = log.read_text().count("open to other users")
-        client.compile(request(92).graph, "trn2", options, None)
+        client.compile(job(92))
         assert client.local.compiles == 2
         assert log.read_text().count("open to other users") == starts, "no second start"
     finally:
@@ -597,17 +597,20 @@ def test_a_background_compile_the_daemon_cannot_do_is_done_here(daemon, monkeypa
         return r
 
     try:
-        options = executable_pb2.CompileOptions()
-        assert client.compile_async(request(71).graph, "trn2", options, None).result(60)
+        compiled = client.compile_async(job(71)).result(60)
+        assert compiled.tier is cc.Tier.COMPILED and compiled.waited_seconds > 0
         assert client.local.compiles == 0 and client.tiers == {"COMPILED": 1}
         monkeypatch.setattr(cc, "compile_request", from_another_version)
         with pytest.warns(RuntimeWarning, match="compiling in process"):
-            exe = client.compile_async(request(72).graph, "trn2", options, None).result(60)
-        assert exe.cache_key and client.local.compiles == 1 and client.fallbacks == 1
+            compiled = client.compile_async(job(72)).result(60)
+        assert compiled.executable.cache_key and compiled.tier is cc.Tier.IN_PROCESS
+        assert client.local.compiles == 1 and client.fallbacks == 1
         monkeypatch.setattr(cc, "compile_request", made)
         huge = to_proto(graph(73, size=200_000))  # 160 GB per matrix: more than HBM holds
         with pytest.raises(compiler.GraphTooLargeError):
-            client.compile_async(huge, "trn2", options, None).result(60)
+            client.compile_async(CompileJob(huge, "trn2", executable_pb2.CompileOptions())).result(
+                60
+            )
         assert client.local.compiles == 1
     finally:
         client.close()

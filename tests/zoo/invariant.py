@@ -79,7 +79,7 @@ def measure(name: str, mode: str) -> dict[str, Any]:
     torch.neuron.synchronize()
     m = torch.neuron.metrics()
     rt = runtime.get()
-    keys = hashlib.sha256("\n".join(sorted(rt.executables)).encode()).hexdigest()[:12]
+    keys = hashlib.sha256("\n".join(sorted(rt.executables.loaded)).encode()).hexdigest()[:12]
     report = explain.explain().shape_only
     assumed = [a for a in report if a["kind"] == "assumed"]
     read = [a for a in report if a["kind"] == "placeholder"]
@@ -89,7 +89,7 @@ def measure(name: str, mode: str) -> dict[str, Any]:
         "last_step_ns": m["wall_ns"] - last,
         "wall_ns": m["wall_ns"],
         "launches": m["launches"],
-        "executables": f"{len(rt.executables)}:{keys}",
+        "executables": f"{len(rt.executables.loaded)}:{keys}",
         "hbm_peak": torch.neuron.max_memory_allocated(),
         "hbm_bytes": m["hbm_bytes"],
         "device_busy_ns": m["device_busy_ns"],
