@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from trnsim.client import env, errors, runtime
-from trnsim.scheduler import buckets
+from trnsim.policy import buckets
 from trnsim.simulator import execute
 
 NAME = "neuron"

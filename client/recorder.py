@@ -48,8 +48,8 @@ from trnsim.compiler.graph import (
     remap_node,
     to_proto,
 )
+from trnsim.policy import boundaries, compile_policy
 from trnsim.protos import executable_pb2, graph_pb2
-from trnsim.scheduler import boundaries, compile_policy
 from trnsim.simulator import dtypes, execute, shape_only
 from trnsim.simulator.execute import ExecutionError
 
