@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := package protos simulator compiler scheduler daemon client
+PACKAGES := package protos simulator compiler policy daemon client cli
 
 .PHONY: setup test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant clean
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml protos/*.proto $(addsuffix /.,$(PACKAGES))
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy -m trnsim -p trnsim.simulator -p trnsim.compiler -p trnsim.scheduler -p trnsim.daemon -p trnsim.client
+	$(VENV)/bin/mypy -m trnsim -p trnsim.simulator -p trnsim.compiler -p trnsim.policy -p trnsim.daemon -p trnsim.client -p trnsim.cli
 
 test: lint
 	$(PY) -m pytest -q -m "not slow and not soak"

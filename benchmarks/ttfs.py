@@ -84,7 +84,7 @@ def stop_daemon(env: dict[str, str]) -> None:
 def asked(ranks: list[dict[str, float]]) -> int:
     """Compiles the ranks asked for: blocking ones on a miss in their own executable table,
     and background ones for adaptive mode's fused graphs (more are asked for when compiles
-    go to a shared daemon: scheduler/compile_policy.py)."""
+    go to a shared daemon: policy/compile_policy.py)."""
     return int(
         sum(
             r["executables_compiled"]

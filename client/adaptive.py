@@ -1,7 +1,7 @@
 """Adaptive eager mode (NEURON_EAGER=adaptive): ops are recorded into the buffer
-(client/tape.py) and cut into small graphs (scheduler/boundaries.py). A graph seen for the
+(client/tape.py) and cut into small graphs (policy/boundaries.py). A graph seen for the
 first time runs op by op (per-op executables) while its fused executable compiles in the
-background (scheduler/compile_policy.py); when the graph recurs and the executable is ready,
+background (policy/compile_policy.py); when the graph recurs and the executable is ready,
 it runs fused, as one launch. Results equal eager mode bit for bit: both run the same ATen
 ops on the CPU in the same order.
 """
@@ -12,7 +12,7 @@ from trnsim.client import runtime
 from trnsim.client.notes import note_cut
 from trnsim.client.recording import GraphState, Recorder
 from trnsim.client.tape import Cut
-from trnsim.scheduler import boundaries, compile_policy
+from trnsim.policy import boundaries, compile_policy
 
 
 class Adaptive(Recorder):
@@ -46,7 +46,7 @@ class Adaptive(Recorder):
     # -- fused compiles -------------------------------------------------------------------------
     def _maybe_request(self, state: GraphState, cut: Cut) -> None:
         """Asks for the graph's fused compile, in the background, when the policy says it
-        pays (scheduler/compile_policy.py)."""
+        pays (policy/compile_policy.py)."""
         rt = self.rt
         n = cut.launches
         if n < 2 or state.fallback:

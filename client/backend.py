@@ -205,7 +205,7 @@ def skip_in_dynamo() -> None:
     the backend (neuron, aot_eager, eager...): registered when torch._dynamo is imported."""
     from torch._dynamo import trace_rules
 
-    for package in ("client", "simulator", "compiler", "scheduler", "protos", "daemon"):
+    for package in ("client", "simulator", "compiler", "policy", "protos", "daemon"):
         trace_rules.add(f"trnsim.{package}")
 
 

@@ -14,7 +14,7 @@ region compiles on its first call (its ops get no executables of their own) and 
 run checks each output against the metadata the graph was traced with.
 
 Dynamic sizes (dynamic=True, mark_dynamic, or dynamo's own after a size changes) run in
-buckets (scheduler/buckets.py): the first size in a bucket compiles the graph traced at
+buckets (policy/buckets.py): the first size in a bucket compiles the graph traced at
 the bucket's sizes, and that executable runs every size in it, computed at the real size
 and timed as the bucket (simulator/execute.py LoadedExecutable.at_size). A graph that
 does not stay one region at the bucket's sizes compiles per size instead.
@@ -33,7 +33,7 @@ import torch
 from trnsim.client import env, errors, runtime
 from trnsim.client.notes import NOTES
 from trnsim.client.region import Bound, compiled_region
-from trnsim.scheduler import buckets
+from trnsim.policy import buckets
 from trnsim.simulator import execute
 
 NAME = "neuron"

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from trnsim.client import env
-from trnsim.scheduler import buckets
+from trnsim.policy import buckets
 
 TORCH_VERSION = "2.13.0"  # the release trnsim is built and tested against (pyproject.toml)
 

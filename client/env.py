@@ -128,7 +128,7 @@ def profile_path() -> str:
 
 
 def shape_buckets() -> str:
-    """NEURON_SHAPE_BUCKETS: how compiled mode buckets dynamic sizes (scheduler/buckets.py)."""
+    """NEURON_SHAPE_BUCKETS: how compiled mode buckets dynamic sizes (policy/buckets.py)."""
     return os.environ.get(NEURON_SHAPE_BUCKETS, "")
 
 

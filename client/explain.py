@@ -29,7 +29,7 @@ from trnsim.client.notes import NOTES, PLACEHOLDER, ShapeOnlyWarning, reset
 if TYPE_CHECKING:
     from trnsim.client.executables import Executables
 
-# Why a recorded graph was cut (scheduler/boundaries.py, and the callers of Runtime.flush).
+# Why a recorded graph was cut (policy/boundaries.py, and the callers of Runtime.flush).
 REASONS = {
     "sync": "the host needed the device's results (.item(), .cpu(), print, synchronize)",
     "first_sight": "an op signature met for the first time runs on its own (its outputs "

@@ -19,7 +19,7 @@ from trnsim.client.errors import execution_error
 from trnsim.client.ops import FRESH, NOT_RECORDED, Entry, OpSpec
 from trnsim.client.tape import Args, Cut, Kwargs, RecOp, Tape
 from trnsim.compiler.graph import Value
-from trnsim.scheduler import boundaries, compile_policy
+from trnsim.policy import boundaries, compile_policy
 from trnsim.simulator import execute, shape_only
 from trnsim.simulator.execute import ExecutionError
 

@@ -20,7 +20,7 @@ from trnsim.client.ops import Entry, OpSpec
 from trnsim.client.recording import GraphState, Recorder
 from trnsim.client.tape import Cut
 from trnsim.compiler.graph import to_proto
-from trnsim.scheduler import boundaries
+from trnsim.policy import boundaries
 from trnsim.simulator import execute
 
 

@@ -1,7 +1,7 @@
 """The in-flight table: one job per cache key, however many requests wait for it.
 
 A request for a key already queued or compiling joins that job (its waiter count grows);
-the queue hands workers the most urgent job (scheduler/priorities.py); a queued job whose
+the queue hands workers the most urgent job (policy/priorities.py); a queued job whose
 waiters all left is dropped without compiling. Waiters come only from open streams: a
 request still on its way through the I/O threads when its stream closes, or when it is
 cancelled, never starts a compile nobody waits for.
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trnsim.policy import priorities
 from trnsim.protos import compile_service_pb2 as svc
-from trnsim.scheduler import priorities
 
 log = logging.getLogger(__name__)
 # Hands one answer to the stream that asked for it (daemon/service.py). It is called on

@@ -154,3 +154,10 @@ async def _serve(config: DaemonConfig) -> int:
 def serve(config: DaemonConfig) -> int:
     """Runs until SIGTERM/SIGINT (drain, then stop) or, when idle_exit_s is set, until idle."""
     return asyncio.run(_serve(config))
+
+
+def serve_in_foreground(config: DaemonConfig) -> int:
+    """serve() as a process's one job (`trnsim daemon serve`, `python -m trnsim.daemon`): its
+    log goes to stderr (daemon.log next to the socket, for a daemon a client started)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return serve(config)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from google.protobuf.message import DecodeError
 from trnsim.daemon.inflight import InFlight, Job
 from trnsim.daemon.worker import read_message, write_message
+from trnsim.policy import priorities
 from trnsim.protos import compile_service_pb2 as svc
-from trnsim.scheduler import priorities
 
 log = logging.getLogger(__name__)
 

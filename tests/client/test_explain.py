@@ -49,7 +49,7 @@ def test_neuron_explain_writes_the_report_that_trnsim_explain_prints(tmp_path):
     assert any(c["where"] == "<string>:5" and c["reason"] == "sync" for c in cuts)
     written = path.read_text()
     out = subprocess.run(
-        [sys.executable, "-m", "trnsim.daemon.cli", "explain", str(path)],
+        [sys.executable, "-m", "trnsim.cli", "explain", str(path)],
         capture_output=True,
         text=True,
         check=True,

@@ -130,7 +130,7 @@ def test_neuron_profile_writes_the_trace_at_exit_and_trnsim_profile_reads_it(
     names = {e["name"] for e in data["traceEvents"] if e.get("cat") == trace.LAUNCH}
     assert {"aten::addmm.default", "aten::mm.default"} <= names
     table = subprocess.run(
-        [sys.executable, "-m", "trnsim.daemon.cli", "profile", str(path), "--top", "5"],
+        [sys.executable, "-m", "trnsim.cli", "profile", str(path), "--top", "5"],
         check=False,
         capture_output=True,
         text=True,
@@ -141,7 +141,7 @@ def test_neuron_profile_writes_the_trace_at_exit_and_trnsim_profile_reads_it(
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     refused = subprocess.run(
-        [sys.executable, "-m", "trnsim.daemon.cli", "profile", str(bad)],
+        [sys.executable, "-m", "trnsim.cli", "profile", str(bad)],
         check=False,
         capture_output=True,
         text=True,

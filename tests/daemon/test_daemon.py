@@ -15,9 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trnsim import compiler
+from trnsim.cli import main as cli
 from trnsim.client.compile_client import DaemonCompileClient
 from trnsim.daemon import launcher
-from trnsim.daemon.cli import main as cli
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2

@@ -12,7 +12,7 @@ from trnsim.compiler import manifest
 
 from .helpers import run_json
 
-TRNSIM = [sys.executable, "-m", "trnsim.daemon.cli"]
+TRNSIM = [sys.executable, "-m", "trnsim.cli"]
 
 TRAIN = """
 import json, sys, torch

@@ -18,10 +18,10 @@ import grpc
 import psutil
 import pytest
 from trnsim import compiler
+from trnsim.cli import main as cli
 from trnsim.client.compile_client import CompileJob, DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.daemon import launcher
-from trnsim.daemon.cli import main as cli
 from trnsim.daemon.config import ConfigError, default_address
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc

@@ -89,11 +89,11 @@ def test_verify_and_prune(cache):
 
 
 def test_cache_commands_on_a_missing_directory_create_nothing(tmp_path, capsys):
-    from trnsim.daemon import cli
+    from trnsim.cli import main
 
     missing = tmp_path / "nowhere"
     for command in ("ls", "verify"):
-        assert cli.main(["cache", "--cache-dir", str(missing), command]) == 2
+        assert main(["cache", "--cache-dir", str(missing), command]) == 2
         assert "no executable cache at" in capsys.readouterr().err
     assert not missing.exists()
 

@@ -53,7 +53,7 @@ def test_tests_generated_from_a_registry_pass_in_both_modes(tmp_path):
 def test_the_command_line_tests_and_summarises(tmp_path):
     path = tmp_path / "shapes.jsonl"
     _record(path, "program")
-    trnsim = [sys.executable, "-m", "trnsim.daemon.cli"]
+    trnsim = [sys.executable, "-m", "trnsim.cli"]
     out = subprocess.run(
         [*trnsim, "registry", "test", str(path), "--results", str(tmp_path / "r.json")],
         capture_output=True,
@@ -81,7 +81,7 @@ def test_a_malformed_registry_file_is_one_line_that_names_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"op": "aten::mul.Tensor"}\nnot json\n')
     out = subprocess.run(
-        [sys.executable, "-m", "trnsim.daemon.cli", "registry", "stats", str(path)],
+        [sys.executable, "-m", "trnsim.cli", "registry", "stats", str(path)],
         check=False,
         capture_output=True,
         text=True,
@@ -92,7 +92,7 @@ def test_a_malformed_registry_file_is_one_line_that_names_the_line(tmp_path):
 
 def test_trnsim_record_help_names_trnsim_record():
     out = subprocess.run(
-        [sys.executable, "-m", "trnsim.daemon.cli", "record", "--help"],
+        [sys.executable, "-m", "trnsim.cli", "record", "--help"],
         check=True,
         capture_output=True,
         text=True,

@@ -1,12 +1,13 @@
 """`trnsim doctor`: is this host ready to train on the simulated chip? One line per check,
 each failure with the fix. Torch's side (its version, the device's autoload, the NEURON_*
-variables) runs in a process of its own (client/doctor.py): the daemon never imports torch,
-and a broken torch must not break the doctor. Then the daemon (reachable, the same compiler
-version), the socket's and the cache's directories (private to the user), the cache's
-database, free disk and memory."""
+variables) runs in a process of its own (client/doctor.py): a broken or hanging torch must
+not break the doctor, and the probe runs an op with none of the user's NEURON_* variables
+set. Then the daemon (reachable, the same compiler version), the socket's and the cache's
+directories (private to the user), the cache's database, free disk and memory."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import psutil
 from trnsim import compiler
 from trnsim.daemon import launcher
 from trnsim.daemon.config import ConfigError, DaemonConfig, check_private_dir, socket_path
+from trnsim.daemon.options import config_from
 
 MIN_FREE_DISK = 1 << 30  # the cache's disk tier needs room to grow
 MIN_FREE_MEMORY = 2 << 30  # torch, a model and the daemon's workers
@@ -203,3 +205,9 @@ def report(checks: list[Check]) -> str:
     failed = sum(not c.ok for c in checks)
     lines.append(f"{len(checks)} checks, {failed} failed")
     return "\n".join(lines)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    checks = run(config_from(args))
+    print(report(checks))
+    return 0 if all(c.ok for c in checks) else 1

@@ -1,9 +1,9 @@
-"""Shape buckets: which bound a dynamic size runs in (scheduler/buckets.py)."""
+"""Shape buckets: which bound a dynamic size runs in (policy/buckets.py)."""
 
 from __future__ import annotations
 
 import pytest
-from trnsim.scheduler.buckets import Buckets, BucketSpecError, parse
+from trnsim.policy.buckets import Buckets, BucketSpecError, parse
 
 
 def test_powers_of_two_by_default() -> None:

@@ -1,9 +1,9 @@
-"""The daemon's queue order (scheduler/priorities.py), table-driven."""
+"""The daemon's queue order (policy/priorities.py), table-driven."""
 
 from __future__ import annotations
 
 import pytest
-from trnsim.scheduler.priorities import BACKGROUND, BLOCKING, QueuedJob, most_urgent, rank, runnable
+from trnsim.policy.priorities import BACKGROUND, BLOCKING, QueuedJob, most_urgent, rank, runnable
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from trnsim.scheduler.boundaries import Cut, NextOp, Policy, decide
-from trnsim.scheduler.compile_policy import (
+from trnsim.policy.boundaries import Cut, NextOp, Policy, decide
+from trnsim.policy.compile_policy import (
     GraphHistory,
     predicted_compile_ns,
     predicted_saving_ns,

@@ -9,6 +9,7 @@ is looked up first (one Lookup call, no compile); the rest goes over one Compile
 
 from __future__ import annotations
 
+import argparse
 import sys
 import threading
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 import grpc
 from trnsim import compiler
 from trnsim.compiler import manifest
+from trnsim.daemon import launcher
+from trnsim.daemon.options import config_from
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
@@ -117,3 +120,37 @@ def run(requests: dict[str, svc.CompileRequest], address: str, jobs: int) -> Sum
         bar.close()
     summary.seconds = time.monotonic() - start
     return summary
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    try:
+        requests = load([Path(p) for p in args.manifests])
+    except (OSError, manifest.ManifestError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = config_from(args)
+    if launcher.ensure_daemon(config.address) is None:
+        print(
+            f"error: no daemon answers on {config.address}; start one with trnsim daemon start",
+            file=sys.stderr,
+        )
+        return 1
+    info = launcher.get_info(
+        config.address, version=compiler.compiler_version(), fmt=compiler.FORMAT_VERSION
+    )
+    if info is not None and not info.compatible:
+        print(
+            f"error: the daemon on {config.address} (pid {info.pid}) runs compiler "
+            f"{info.compiler_version}, this install {compiler.compiler_version()}: its cache "
+            f"would serve no run of this install. Stop it (trnsim daemon stop) and run "
+            f"precompile again: it starts a current one.",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        summary = run(requests, config.address, args.jobs)
+    except grpc.RpcError as e:
+        print(f"error: the daemon on {config.address} failed: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        return 1
+    print("\n".join(summary.lines()))
+    return 1 if summary.failed else 0

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-TRNSIM = [sys.executable, "-m", "trnsim.daemon.cli"]
+TRNSIM = [sys.executable, "-m", "trnsim.cli"]
 
 
 def test_doctor_fails_on_a_cache_directory_open_to_others_and_a_misspelt_variable(tmp_path):

@@ -1,0 +1,52 @@
+"""`trnsim cache ls|verify|prune|clear`: the on-disk executable cache, read or trimmed
+without a daemon."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trnsim import compiler
+from trnsim.daemon.cache import ExecutableCache
+from trnsim.daemon.options import config_from
+
+
+def _cache(args: argparse.Namespace) -> ExecutableCache:
+    config = config_from(args)
+    return ExecutableCache(
+        config.cache_dir / "executables",
+        1,
+        config.disk_cache_bytes,
+        tag=compiler.compiler_version(),
+    )
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    directory = config_from(args).cache_dir / "executables"
+    if not (directory / "cache.db").is_file():
+        # Opening a cache creates it: these commands look at one and change nothing else.
+        print(
+            f"error: no executable cache at {directory} (a daemon or an in-process compile "
+            f"creates it on its first compile; --cache-dir names another directory)",
+            file=sys.stderr,
+        )
+        return 2
+    cache = _cache(args)
+    try:
+        if args.cache_command == "ls":
+            total = 0
+            for key, size, tag in cache.entries():
+                total += size
+                print(f"{key}  {size:>9} B  compiler {tag}")
+            print(f"{total} bytes in {cache.disk_stats()[0]} entries at {cache.directory}")
+        elif args.cache_command == "verify":
+            good, bad = cache.verify()
+            print(f"{good} good, {bad} corrupt (deleted)")
+            return 1 if bad else 0
+        elif args.cache_command == "prune":
+            print(f"pruned {cache.prune()} entries (expired, or from other compiler versions)")
+        elif args.cache_command == "clear":
+            print(f"cleared {cache.clear()} entries")
+    finally:
+        cache.close()
+    return 0

@@ -1,0 +1,71 @@
+"""`trnsim daemon serve|start|stop|status`: run the compile daemon, or control the one
+that answers on an address."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from trnsim import compiler
+from trnsim.daemon import launcher
+from trnsim.daemon.options import config_from
+from trnsim.daemon.server import serve_in_foreground
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return serve_in_foreground(config_from(args))
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    info = launcher.get_info(config.address)
+    if info is not None:
+        print(f"already running: pid {info.pid} on {config.address}")
+        return 0
+    info = launcher.ensure_daemon(config.address, idle_exit_s=config.idle_exit_s)
+    if info is None:
+        print(
+            f"error: the daemon did not start on {config.address}; see daemon.log next to the socket",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"started: pid {info.pid} on {config.address}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    info = launcher.get_info(config.address)
+    if info is None:
+        print(f"no daemon answers on {config.address}")
+        return 0
+    os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while (
+        time.monotonic() < deadline and launcher.get_info(config.address, timeout=0.3) is not None
+    ):
+        time.sleep(0.1)
+    print(f"stopped pid {info.pid}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    info = launcher.get_info(
+        config.address, version=compiler.compiler_version(), fmt=compiler.FORMAT_VERSION
+    )
+    if info is None:
+        print(f"not running (nothing answers on {config.address})")
+        return 3
+    state = "compatible" if info.compatible else "DIFFERENT VERSION: clients compile in process"
+    print(
+        f"running: pid {info.pid}, compiler {info.compiler_version} ({state}), cache {info.cache_dir}, "
+        f"up {time.time() - info.started_at:.0f} s"
+    )
+    return 0
+
+
+COMMANDS = {"serve": cmd_serve, "start": cmd_start, "stop": cmd_stop, "status": cmd_status}

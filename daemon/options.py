@@ -1,0 +1,63 @@
+"""The daemon's command-line options (`trnsim daemon serve|start`, `python -m trnsim.daemon`)
+and the DaemonConfig they make, with `trnsim`'s own --address and --system."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trnsim.daemon.config import (
+    SYSTEM_SOCKET,
+    DaemonConfig,
+    default_cache_dir,
+    system_cache_dir,
+)
+
+
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """Where a daemon about to start listens and keeps its cache, and its limits."""
+    p.add_argument("--address", default=argparse.SUPPRESS, help="unix:/path/to.sock or host:port")
+    p.add_argument("--cache-dir", help=f"default {default_cache_dir()}")
+    p.add_argument(
+        "--workers", type=int, help="compile processes (default: from CPUs and free memory)"
+    )
+    p.add_argument(
+        "--idle-exit", type=float, help="exit after this many idle seconds with no client"
+    )
+    p.add_argument(
+        "--memory-cache-mb", type=int, help="the memory tier's size in MiB (default 256)"
+    )
+    p.add_argument("--disk-cache-mb", type=int, help="the disk tier's size in MiB (default 4096)")
+    p.add_argument("--compile-timeout", type=float, help="seconds before a compile is killed")
+    p.add_argument(
+        "--system",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="the system-wide daemon's socket and cache (systemd: deploy/systemd)",
+    )
+
+
+def config_from(args: argparse.Namespace) -> DaemonConfig:
+    """The defaults (daemon/config.py), overridden by the options given; a command without
+    an option leaves its default."""
+    config = DaemonConfig()
+    if getattr(args, "system", False):
+        config.system = True
+        config.address = f"unix:{SYSTEM_SOCKET}"
+        config.cache_dir = system_cache_dir()
+    address = getattr(args, "address", None)
+    if address:
+        config.address = address if ":" in address else f"unix:{address}"
+    if getattr(args, "cache_dir", None):
+        config.cache_dir = Path(args.cache_dir)
+    if getattr(args, "workers", None):
+        config.workers = args.workers
+    if getattr(args, "idle_exit", None) is not None:
+        config.idle_exit_s = args.idle_exit
+    if getattr(args, "memory_cache_mb", None):
+        config.memory_cache_bytes = args.memory_cache_mb * 1024 * 1024
+    if getattr(args, "disk_cache_mb", None):
+        config.disk_cache_bytes = args.disk_cache_mb * 1024 * 1024
+    if getattr(args, "compile_timeout", None):
+        config.compile_timeout_s = args.compile_timeout
+    return config

@@ -1,1 +1,0 @@
-"""Pure policy, no I/O and no torch: graph boundaries, when to compile, job priorities."""
