@@ -540,6 +540,85 @@ class Runtime:
         counts = self.metrics.counts
         counts[name] = counts.get(name, 0) + n
 
+    # -- verbs over the timeline and the allocator (torch.neuron, the process group) -----------
+    # Thin: each reads or moves one thing of the simulated core and flushes nothing (its
+    # caller decides whether recorded work runs first).
+    def now_ns(self) -> int:
+        """Simulated wall time: the later of the host and every queue's end."""
+        return self.timeline.now_ns()
+
+    def ready_ns(self, stream: int) -> int:
+        """When work submitted now on `stream` could start (host time or the stream's end)."""
+        return self.timeline.ready_ns(stream)
+
+    def device_busy_ns(self) -> int:
+        """Busy time summed over every stream."""
+        return self.timeline.device_busy_ns()
+
+    def occupy(self, stream: int, start_ns: int, duration_ns: int, engine: str) -> None:
+        """Work whose start was agreed elsewhere (a collective) runs on `stream` from start_ns."""
+        self.timeline.occupy(stream, start_ns, duration_ns, engine)
+
+    def wait_until(self, time_ns: int) -> None:
+        """The host waits until time_ns (counted as a sync wait)."""
+        self.timeline.wait_until(time_ns)
+
+    def record_event(self, event: Event, stream: int) -> None:
+        """The event completes when the work enqueued so far on `stream` completes."""
+        self.timeline.record_event(event, stream)
+
+    def wait_event(self, event: Event, stream: int) -> None:
+        """Later work on `stream` waits for the event (a device-side wait)."""
+        self.timeline.stream_wait_event(event, stream)
+
+    def event_query(self, event: Event) -> bool:
+        """Whether the event has completed on the host's clock (unrecorded: yes)."""
+        return self.timeline.event_query(event)
+
+    def event_synchronize(self, event: Event) -> None:
+        """The host waits for the event."""
+        self.timeline.event_synchronize(event)
+
+    def allocated_bytes(self) -> int:
+        return self.allocator.allocated_bytes
+
+    def peak_allocated_bytes(self) -> int:
+        return self.allocator.peak_allocated_bytes
+
+    def reserved_bytes(self) -> int:
+        return self.allocator.reserved_bytes
+
+    def memory_capacity(self) -> int:
+        """The core's HBM, bytes."""
+        return self.allocator.capacity
+
+    def memory_limit(self) -> int:
+        """The bytes this process may reserve (set_memory_limit)."""
+        return self.allocator.limit
+
+    def set_memory_limit(self, nbytes: int) -> None:
+        """Caps reserved memory: past it the allocator frees cached blocks and retries."""
+        self.allocator.limit = nbytes
+
+    def memory_stats(self) -> dict[str, int]:
+        """The allocator's counters, cached and fragmented bytes, capacity (HbmAllocator.stats)."""
+        return self.allocator.stats()
+
+    def memory_snapshot(self) -> list[dict[str, object]]:
+        """Every segment and its blocks, in address order (HbmAllocator.snapshot)."""
+        return self.allocator.snapshot()
+
+    def reset_peak_stats(self) -> None:
+        self.allocator.reset_peak_stats()
+
+    def reset_accumulated_stats(self) -> None:
+        """The allocator's historical counts (allocations, frees, OOMs...) back to 0."""
+        self.allocator.reset_accumulated_stats()
+
+    def empty_cache(self) -> None:
+        """Releases every cached segment that holds no allocated block."""
+        self.allocator.empty_cache()
+
     def synchronize(self, stream: int | None = None) -> None:
         self.flush("sync")
         self.timeline.synchronize(stream)
