@@ -315,18 +315,16 @@ def register() -> None:
     after_import("torch._subclasses.fake_impls", _fake_convolution_layouts)
     after_import("torch._inductor.codegen.common", _inductor_names_neuron_backend)
     from trnsim.client import (
+        patches,
         recorder,  # noqa: F401  (registers adaptive mode with the runtime)
-        ties,
     )
 
-    ties.install()  # .to("neuron") keeps tied weights tied
-    from trnsim.client import accelerator, neuronx
+    patches.module_apply_keeps_ties()  # .to("neuron") keeps tied weights tied
+    patches.accelerator_calls_reach_neuron()  # torch.accelerator.synchronize() etc.
+    from trnsim.client import neuronx
 
-    accelerator.install()  # torch.accelerator.synchronize() etc. reach torch.neuron
     neuronx.install()  # accelerate and transformers find the neuron device (a stand-in)
-    from trnsim.client import pinned
-
-    pinned.install()  # tensor.pin_memory(), DataLoader(pin_memory=True)
+    patches.tensor_pinning_for_neuron()  # tensor.pin_memory(), DataLoader(pin_memory=True)
     from trnsim.client import torch_profiler
 
     torch_profiler.install()  # torch.profiler with ProfilerActivity.PrivateUse1: device time
@@ -344,4 +342,5 @@ def register() -> None:
     if torch.distributed.is_available():
         from trnsim.client import distributed
 
-        distributed.register()  # init_process_group("neuron"), DDP, FSDP2, DTensor
+        distributed.register()  # init_process_group("neuron"), FSDP2, DTensor
+        patches.ddp_refuses_used_parameter_map()  # DDP: a clear error, not an internal one
