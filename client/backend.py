@@ -209,14 +209,6 @@ def skip_in_dynamo() -> None:
         trace_rules.add(f"trnsim.{package}")
 
 
-def _fake_convolution_layouts() -> None:
-    """FakeTensor (dynamo, AOTAutograd, any backend) lays a neuron convolution's outputs out
-    as eager dispatch does: as the CPU's kernel would (client/layouts.py)."""
-    from trnsim.client import layouts
-
-    layouts.install_fake_rule()
-
-
 INDUCTOR_MESSAGE = (
     "Inductor (torch.compile's default backend) cannot generate code for neuron tensors. "
     'Use torch.compile(model, backend="neuron"), or call '
@@ -312,12 +304,12 @@ def register() -> None:
     _state["bits"] = bits
     torch.serialization.register_package(11, _tag, _restore)
     after_import("torch._dynamo", skip_in_dynamo)
-    after_import("torch._subclasses.fake_impls", _fake_convolution_layouts)
+    from trnsim.client import patches  # (every change to PyTorch's own objects)
+
+    # FakeTensor lays a neuron convolution's outputs out as eager dispatch does
+    after_import("torch._subclasses.fake_impls", patches.fake_convolutions_lay_out_as_on_cpu)
     after_import("torch._inductor.codegen.common", _inductor_names_neuron_backend)
-    from trnsim.client import (
-        patches,
-        recorder,  # noqa: F401  (registers adaptive mode with the runtime)
-    )
+    from trnsim.client import recorder  # noqa: F401  (registers adaptive mode with the runtime)
 
     patches.module_apply_keeps_ties()  # .to("neuron") keeps tied weights tied
     patches.accelerator_calls_reach_neuron()  # torch.accelerator.synchronize() etc.
@@ -325,9 +317,7 @@ def register() -> None:
 
     neuronx.install()  # accelerate and transformers find the neuron device (a stand-in)
     patches.tensor_pinning_for_neuron()  # tensor.pin_memory(), DataLoader(pin_memory=True)
-    from trnsim.client import torch_profiler
-
-    torch_profiler.install()  # torch.profiler with ProfilerActivity.PrivateUse1: device time
+    patches.torch_profiler_sees_the_device()  # ProfilerActivity.PrivateUse1: device time
     from trnsim.client import meta_kernels
 
     _state["meta"] = meta_kernels.register()  # shapes of the ops only the device runs
@@ -337,6 +327,7 @@ def register() -> None:
     explain.write_at_exit()  # NEURON_EXPLAIN
     from trnsim.client import attention, autocast
 
+    patches.autocast_defaults_to_bfloat16()  # torch.autocast("neuron"): bfloat16
     _state["autocast"] = autocast.register()
     _state["attention"] = attention.register()  # SDPA's fused backend, as the CPU picks it
     if torch.distributed.is_available():

@@ -4,10 +4,11 @@ A Python device backend reaches PyTorch through official hooks (PrivateUse1 kern
 device module, c10d backends), but some of what torch.cuda does lives in C++ interfaces a
 Python backend cannot implement. There, and only there, a PyTorch function is replaced by
 one that serves neuron and hands every other device to the original. The replacements live
-with the code they serve (ties.py, accelerator.py, pinned.py, distributed/parallel.py);
-putting them in place, and the guard that does so once per process, are here.
-backend.register() installs them at `import torch`, in this file's order; the FSDP2 one
-waits for the first neuron process group (importing FSDP at `import torch` costs time).
+with the code they serve (ties.py, accelerator.py, pinned.py, torch_profiler.py,
+autocast.py, distributed/parallel.py, layouts.py); putting them in place, and the guard
+that does so once per process, are here. backend.register() installs them at `import
+torch`, in this file's order, but for two that wait: FSDP2's for the first neuron process
+group, FakeTensor's for its module's import (importing either at `import torch` costs time).
 """
 
 from __future__ import annotations
@@ -80,6 +81,37 @@ def tensor_pinning_for_neuron() -> None:
 
 
 @_once
+def torch_profiler_sees_the_device() -> None:
+    """A real accelerator's profiler plugin is C++ (a kineto IActivityProfiler), which a
+    Python backend cannot register: torch.profiler.profile's __exit__, event parsing and
+    trace export are wrapped so that the simulated chip's launches get device time in its
+    tables and traces (client/torch_profiler.py)."""
+    from torch.autograd import profiler as autograd_profiler
+    from trnsim.client import torch_profiler
+
+    cls = autograd_profiler.profile
+    cls.__exit__ = torch_profiler.wrap_exit(cls.__exit__)  # type: ignore[method-assign]
+    cls._ensure_function_events = torch_profiler.wrap_ensure_function_events(  # type: ignore[method-assign]
+        cls._ensure_function_events
+    )
+    cls.export_chrome_trace = torch_profiler.wrap_export_chrome_trace(  # type: ignore[method-assign]
+        cls.export_chrome_trace
+    )
+
+
+@_once
+def autocast_defaults_to_bfloat16() -> None:
+    """torch.autocast("neuron") without a dtype should mean bfloat16, the NeuronCore's
+    native type, but PyTorch's per-thread default for PrivateUse1 is float16 and no backend
+    hook sets it: autocast.__init__ sets it on each thread's first autocast on neuron
+    (client/autocast.py; torch.set_autocast_dtype still wins)."""
+    from trnsim.client import autocast
+
+    cls = torch.amp.autocast_mode.autocast
+    cls.__init__ = autocast.bfloat16_first(cls.__init__)  # type: ignore[method-assign]
+
+
+@_once
 def ddp_refuses_used_parameter_map() -> None:
     """DDP with find_unused_parameters or static_graph copies its map of used parameters
     through pinned host memory that PyTorch's C++ reducer asks the device backend for, which
@@ -108,3 +140,19 @@ def fsdp_parks_storage() -> None:
     _fsdp_param.free_storage = parallel.fsdp_free_storage(_fsdp_param.free_storage)  # type: ignore[assignment]
     _fsdp_param.alloc_storage = alloc  # type: ignore[assignment]
     _fsdp_param_group.alloc_storage = alloc  # type: ignore[assignment]
+
+
+@_once
+def fake_convolutions_lay_out_as_on_cpu() -> None:
+    """On a device it cannot name, FakeTensor (dynamo, AOTAutograd, any backend) lays a
+    convolution's outputs out contiguously where the CPU keeps channels_last: its rules for
+    the convolutions lay a neuron convolution's outputs out as eager dispatch does
+    (client/layouts.py). Installed once torch._subclasses.fake_impls is imported."""
+    from torch._subclasses import fake_impls
+    from trnsim.client import layouts
+
+    table = fake_impls.op_implementations_dict
+    for op in layouts.CONVOLUTIONS:
+        rule = table.get(op)
+        if rule is not None:
+            table[op] = layouts.fake_rule(rule)
