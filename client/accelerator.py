@@ -3,16 +3,19 @@
 torch.accelerator.synchronize() and its memory_* calls reach C++ interfaces (a device
 guard's synchronizeDevice, a DeviceAllocator) that a Python backend cannot implement: they
 fail with internal asserts. Where the current accelerator is neuron, each of these calls is
-answered by its torch.neuron equivalent; for any other accelerator they are untouched.
+answered by its torch.neuron equivalent; for any other accelerator they are untouched
+(client/patches.py puts the routes in place).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import torch
+
+R = TypeVar("R")
 
 # torch.accelerator name -> torch.neuron name
 ROUTES = {
@@ -34,31 +37,22 @@ def _on_neuron() -> bool:
     return current is not None and current.type == "neuron"
 
 
-def _route(original: Callable[..., Any], name: str, takes_device: bool) -> Callable[..., Any]:
+def routes() -> list[tuple[str, str, bool]]:
+    """(torch.accelerator name, torch.neuron name, whether it takes a device) of each call."""
+    return [
+        *((name, target, True) for name, target in ROUTES.items()),
+        *((name, target, False) for name, target in NO_ARGUMENT.items()),
+    ]
+
+
+def route(original: Callable[..., R], name: str, takes_device: bool) -> Callable[..., R]:
+    """`original`, answered by torch.neuron's `name` while neuron is the accelerator."""
+
     @functools.wraps(original)
-    def call(*args: Any) -> Any:
+    def call(*args: object) -> R:
         if not _on_neuron():
             return original(*args)
         target = getattr(torch.neuron, name)
-        return target(*args) if takes_device else target()
+        return target(*args) if takes_device else target()  # type: ignore[no-any-return]
 
     return call
-
-
-_installed: list[bool] = []
-
-
-def install() -> None:
-    """Once per process (on `import torch`, with the neuron backend)."""
-    from torch.accelerator import memory
-
-    if _installed:
-        return
-    _installed.append(True)
-    for table, takes_device in ((ROUTES, True), (NO_ARGUMENT, False)):
-        for name, target in table.items():
-            original = getattr(torch.accelerator, name)
-            routed = _route(original, target, takes_device)
-            setattr(torch.accelerator, name, routed)
-            if getattr(memory, name, None) is original:
-                setattr(memory, name, routed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -156,15 +157,22 @@ _thread = threading.local()
 def _default_bfloat16() -> None:
     """torch.autocast("neuron") without a dtype means bfloat16, the NeuronCore's native type
     (PyTorch's per-thread default for PrivateUse1 is float16, and no backend hook sets it):
-    set for this thread, and for autocast regions entered on any other thread."""
+    set for this thread here, and for autocast regions entered on any other thread by
+    bfloat16_first (client/patches.py wraps autocast.__init__ with it)."""
     torch.set_autocast_dtype("neuron", torch.bfloat16)
     _thread.defaulted = True
-    autocast = torch.amp.autocast_mode.autocast
-    original = autocast.__init__
+
+
+AutocastInit = Callable[..., None]  # torch.amp.autocast_mode.autocast.__init__
+
+
+def bfloat16_first(original: AutocastInit) -> AutocastInit:
+    """autocast.__init__, setting bfloat16 as the thread's neuron default on its first
+    autocast on neuron."""
 
     @functools.wraps(original)
     def __init__(
-        self: Any,
+        self: torch.amp.autocast_mode.autocast,
         device_type: str,
         dtype: torch.dtype | None = None,
         enabled: bool = True,
@@ -178,7 +186,7 @@ def _default_bfloat16() -> None:
                 torch.set_autocast_dtype("neuron", torch.bfloat16)
         original(self, device_type, dtype, enabled, cache_enabled)
 
-    autocast.__init__ = __init__  # type: ignore[method-assign]
+    return __init__
 
 
 def register() -> torch.library.Library:

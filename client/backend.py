@@ -209,14 +209,6 @@ def skip_in_dynamo() -> None:
         trace_rules.add(f"trnsim.{package}")
 
 
-def _fake_convolution_layouts() -> None:
-    """FakeTensor (dynamo, AOTAutograd, any backend) lays a neuron convolution's outputs out
-    as eager dispatch does: as the CPU's kernel would (client/layouts.py)."""
-    from trnsim.client import layouts
-
-    layouts.install_fake_rule()
-
-
 INDUCTOR_MESSAGE = (
     "Inductor (torch.compile's default backend) cannot generate code for neuron tensors. "
     'Use torch.compile(model, backend="neuron"), or call '
@@ -312,23 +304,22 @@ def register() -> None:
     _state["bits"] = bits
     torch.serialization.register_package(11, _tag, _restore)
     after_import("torch._dynamo", skip_in_dynamo)
-    after_import("torch._subclasses.fake_impls", _fake_convolution_layouts)
+    from trnsim.client import patches  # (every change to PyTorch's own objects)
+
+    # FakeTensor lays a neuron convolution's outputs out as eager dispatch does
+    after_import("torch._subclasses.fake_impls", patches.fake_convolutions_lay_out_as_on_cpu)
     after_import("torch._inductor.codegen.common", _inductor_names_neuron_backend)
-    from trnsim.client import adaptive, runtime, ties
+    from trnsim.client import adaptive, runtime
 
     runtime.RECORDING_MODES["adaptive"] = adaptive.Adaptive  # (the runtime imports no mode)
 
-    ties.install()  # .to("neuron") keeps tied weights tied
-    from trnsim.client import accelerator, neuronx
+    patches.module_apply_keeps_ties()  # .to("neuron") keeps tied weights tied
+    patches.accelerator_calls_reach_neuron()  # torch.accelerator.synchronize() etc.
+    from trnsim.client import neuronx
 
-    accelerator.install()  # torch.accelerator.synchronize() etc. reach torch.neuron
     neuronx.install()  # accelerate and transformers find the neuron device (a stand-in)
-    from trnsim.client import pinned
-
-    pinned.install()  # tensor.pin_memory(), DataLoader(pin_memory=True)
-    from trnsim.client import torch_profiler
-
-    torch_profiler.install()  # torch.profiler with ProfilerActivity.PrivateUse1: device time
+    patches.tensor_pinning_for_neuron()  # tensor.pin_memory(), DataLoader(pin_memory=True)
+    patches.torch_profiler_sees_the_device()  # ProfilerActivity.PrivateUse1: device time
     from trnsim.client import meta_kernels
 
     _state["meta"] = meta_kernels.register()  # shapes of the ops only the device runs
@@ -338,9 +329,11 @@ def register() -> None:
     explain.write_at_exit()  # NEURON_EXPLAIN
     from trnsim.client import attention, autocast
 
+    patches.autocast_defaults_to_bfloat16()  # torch.autocast("neuron"): bfloat16
     _state["autocast"] = autocast.register()
     _state["attention"] = attention.register()  # SDPA's fused backend, as the CPU picks it
     if torch.distributed.is_available():
         from trnsim.client import distributed
 
-        distributed.register()  # init_process_group("neuron"), DDP, FSDP2, DTensor
+        distributed.register()  # init_process_group("neuron"), FSDP2, DTensor
+        patches.ddp_refuses_used_parameter_map()  # DDP: a clear error, not an internal one

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
-import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
-from trnsim.client import runtime
-from trnsim.client.errors import check_device_index
-from trnsim.simulator import device as sim_device
+from trnsim.client import runtime, streams
+from trnsim.client.device_base import DeviceLike
+from trnsim.client.device_base import check_index as _check_index
+from trnsim.client.device_base import flushed as _flushed
 from trnsim.simulator.memory import format_bytes
+
+if TYPE_CHECKING:
+    from trnsim.client import profiler
+    from trnsim.client.explain import Report
+    from trnsim.compiler.graph import KernelCost
 
 
 def is_available() -> bool:
@@ -41,7 +45,7 @@ def current_device() -> int:
     return 0
 
 
-def set_device(device: Any) -> None:
+def set_device(device: DeviceLike) -> None:
     from trnsim.client.errors import check_device_index
 
     check_device_index(
@@ -52,7 +56,7 @@ def set_device(device: Any) -> None:
 class device:
     """Context manager selecting the device: only neuron:0 exists in a process."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: DeviceLike) -> None:
         set_device(device)
 
     def __enter__(self) -> None:
@@ -62,7 +66,7 @@ class device:
         return None
 
 
-def get_device_name(device: Any = None) -> str:
+def get_device_name(device: DeviceLike | None = None) -> str:
     rt = runtime.get()
     return f"simulated {rt.target.name} NeuronCore ({rt.target.generation}) core {rt.core}"
 
@@ -106,7 +110,7 @@ class NeuronDeviceProperties:
 _ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 
 
-def get_device_properties(device: Any = None) -> NeuronDeviceProperties:
+def get_device_properties(device: DeviceLike | None = None) -> NeuronDeviceProperties:
     _check_index(device)
     t = runtime.get().target
     return NeuronDeviceProperties(
@@ -131,54 +135,36 @@ def _core_version(generation: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def get_device_capability(device: Any = None) -> tuple[int, int]:
+def get_device_capability(device: DeviceLike | None = None) -> tuple[int, int]:
     """(major, minor): the NeuronCore version, (3, 0) on trn2, (2, 0) on trn1."""
     p = get_device_properties(device)
     return p.major, p.minor
 
 
-def _check_index(device: Any) -> None:
-    if device is None:
-        return
-    if isinstance(device, int):
-        device = torch.device("neuron", device)
-    device = torch.device(device)
-    if device.type != "neuron":
-        raise ValueError(f"expected a neuron device, got {device}")
-    check_device_index(device)
-
-
-def _flushed() -> runtime.Runtime:
-    """The runtime, with anything recorded (adaptive mode) enqueued first."""
-    rt = runtime.get()
-    rt.flush("sync")
-    return rt
-
-
-def synchronize(device: Any = None) -> None:
+def synchronize(device: DeviceLike | None = None) -> None:
     """Waits (in simulated time) until every queue of the core is empty."""
     runtime.get().synchronize()
 
 
 # -- memory -----------------------------------------------------------------------------------
-def memory_allocated(device: Any = None) -> int:
-    return _flushed().allocator.allocated_bytes
+def memory_allocated(device: DeviceLike | None = None) -> int:
+    return _flushed().memory.allocated_bytes()
 
 
-def max_memory_allocated(device: Any = None) -> int:
-    return _flushed().allocator.peak_allocated_bytes
+def max_memory_allocated(device: DeviceLike | None = None) -> int:
+    return _flushed().memory.peak_allocated_bytes()
 
 
-def memory_reserved(device: Any = None) -> int:
-    return _flushed().allocator.reserved_bytes
+def memory_reserved(device: DeviceLike | None = None) -> int:
+    return _flushed().memory.reserved_bytes()
 
 
-def max_memory_reserved(device: Any = None) -> int:
-    return _flushed().allocator.stats()["peak_reserved_bytes"]
+def max_memory_reserved(device: DeviceLike | None = None) -> int:
+    return _flushed().memory.memory_stats()["peak_reserved_bytes"]
 
 
-def memory_stats(device: Any = None) -> dict[str, int]:
-    s = _flushed().allocator.stats()
+def memory_stats(device: DeviceLike | None = None) -> dict[str, int]:
+    s = _flushed().memory.memory_stats()
     return {
         "allocated_bytes.all.current": s["allocated_bytes"],
         "allocated_bytes.all.peak": s["peak_allocated_bytes"],
@@ -196,24 +182,25 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     }
 
 
-def reset_peak_memory_stats(device: Any = None) -> None:
-    runtime.get().allocator.reset_peak_stats()
+def reset_peak_memory_stats(device: DeviceLike | None = None) -> None:
+    runtime.get().memory.reset_peak_stats()
 
 
-def reset_accumulated_memory_stats(device: Any = None) -> None:
-    runtime.get().allocator.reset_accumulated_stats()
+def reset_accumulated_memory_stats(device: DeviceLike | None = None) -> None:
+    runtime.get().memory.reset_accumulated_stats()
 
 
 def empty_cache() -> None:
-    runtime.get().allocator.empty_cache()
+    runtime.get().memory.empty_cache()
 
 
-def mem_get_info(device: Any = None) -> tuple[int, int]:
-    a = runtime.get().allocator
-    return a.capacity - a.reserved_bytes, a.capacity
+def mem_get_info(device: DeviceLike | None = None) -> tuple[int, int]:
+    rt = runtime.get()
+    capacity = rt.memory.memory_capacity()
+    return capacity - rt.memory.reserved_bytes(), capacity
 
 
-def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+def set_per_process_memory_fraction(fraction: float, device: DeviceLike | None = None) -> None:
     """Caps the memory this process may reserve on the core at fraction × its HBM: an
     allocation past it frees cached blocks and retries, then raises torch.OutOfMemoryError
     (as torch.cuda's does)."""
@@ -222,27 +209,27 @@ def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None
     if not 0 <= fraction <= 1:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
     _check_index(device)
-    a = runtime.get().allocator
-    a.limit = int(a.capacity * fraction)
+    rt = runtime.get()
+    rt.memory.set_memory_limit(int(rt.memory.memory_capacity() * fraction))
 
 
-def get_per_process_memory_fraction(device: Any = None) -> float:
+def get_per_process_memory_fraction(device: DeviceLike | None = None) -> float:
     _check_index(device)
-    a = runtime.get().allocator
-    return a.limit / a.capacity
+    rt = runtime.get()
+    return rt.memory.memory_limit() / rt.memory.memory_capacity()
 
 
 def memory_snapshot() -> list[dict[str, Any]]:
     """The allocator's segments and their blocks (torch.cuda.memory_snapshot's layout;
     addresses are offsets in the core's simulated HBM)."""
-    return _flushed().allocator.snapshot()
+    return _flushed().memory.memory_snapshot()
 
 
-def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+def memory_summary(device: DeviceLike | None = None, abbreviated: bool = False) -> str:
     """A table of the caching allocator's state, in torch.cuda.memory_summary's manner."""
     _check_index(device)
     rt = _flushed()
-    s = rt.allocator.stats()
+    s = rt.memory.memory_stats()
 
     rows = [
         (
@@ -266,7 +253,7 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         f" trnsim simulated HBM memory summary, device ID {rt.core:<4d}".ljust(width),
         "-" * width,
         (
-            f" capacity {format_bytes(s['capacity_bytes'])}, limit {format_bytes(rt.allocator.limit)}; "
+            f" capacity {format_bytes(s['capacity_bytes'])}, limit {format_bytes(rt.memory.memory_limit())}; "
             f"OOMs: {s['num_ooms']}, cache flushes: {s['num_cache_flushes']}"
         ),
         "=" * width,
@@ -287,14 +274,14 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 _busy_mark: dict[str, int] = {}
 
 
-def utilization(device: Any = None) -> int:
+def utilization(device: DeviceLike | None = None) -> int:
     """Percent of the simulated time since the last call (or since the runtime started)
     during which the core's queues were running work (torch.cuda.utilization's meaning,
     on the simulated clock: deterministic). Busy time is summed over streams, so work
     overlapping on several streams counts more than once (capped at 100)."""
     _check_index(device)
-    timeline = _flushed().timeline
-    busy, now = timeline.device_busy_ns(), timeline.now_ns()
+    rt = _flushed()
+    busy, now = rt.device_busy_ns(), rt.now_ns()
     last_busy, last_now = _busy_mark.get("busy", 0), _busy_mark.get("now", 0)
     if busy < last_busy or now < last_now:  # reset_metrics() or a new runtime
         last_busy, last_now = 0, 0
@@ -325,11 +312,11 @@ def initial_seed() -> int:
     return runtime.get().generator.initial_seed()
 
 
-def get_rng_state(device: Any = None) -> torch.Tensor:
+def get_rng_state(device: DeviceLike | None = None) -> torch.Tensor:
     return _flushed().generator.get_state()
 
 
-def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+def set_rng_state(state: torch.Tensor, device: DeviceLike | None = None) -> None:
     _flushed().generator.set_state(state)
 
 
@@ -341,110 +328,13 @@ def set_rng_state_all(states: list[torch.Tensor]) -> None:
     set_rng_state(states[0])
 
 
-# -- streams and events -----------------------------------------------------------------------
-_stream_ids = itertools.count(1)
-
-
-class Stream:
-    """An in-order queue of the simulated core; work on different streams may overlap."""
-
-    def __init__(self, device: Any = None, priority: int = 0, *, _id: int | None = None) -> None:
-        self.stream_id = next(_stream_ids) if _id is None else _id
-        self.priority = priority
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("neuron", 0)
-
-    def __repr__(self) -> str:
-        return f"<torch.neuron.Stream id={self.stream_id}>"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other.stream_id == self.stream_id
-
-    def __hash__(self) -> int:
-        return hash(("neuron-stream", self.stream_id))
-
-    def synchronize(self) -> None:
-        runtime.get().synchronize(self.stream_id)
-
-    def query(self) -> bool:
-        return _flushed().timeline.queue_depth(self.stream_id) == 0
-
-    def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def wait_event(self, event: Event) -> None:
-        _flushed().timeline.stream_wait_event(event._event, self.stream_id)
-
-    def wait_stream(self, stream: Stream) -> None:
-        self.wait_event(stream.record_event())
-
-
-_default = Stream(_id=0)
-# The current stream is the runtime's (rt.stream, an id: what launches go to). These are the
-# Stream objects behind the ids, so that current_stream() gives back the one that was set.
-_streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary({0: _default})
-
-
-def default_stream(device: Any = None) -> Stream:
-    return _default
-
-
-def current_stream(device: Any = None) -> Stream:
-    stream_id = runtime.get().stream
-    s = _streams.get(stream_id)
-    if s is None:  # (its object was dropped while current: an equal one stands in)
-        s = _streams[stream_id] = Stream(_id=stream_id)
-    return s
-
-
-def set_stream(stream: Stream) -> None:
-    _streams[stream.stream_id] = stream
-    runtime.get().stream = stream.stream_id
-
-
-@contextlib.contextmanager
-def stream(s: Stream | None) -> Iterator[Stream | None]:
-    """Work issued inside the block goes to stream s (None: no change)."""
-    if s is None:
-        yield s
-        return
-    _streams[s.stream_id] = s
-    with runtime.get().on_stream(s.stream_id):
-        yield s
-
-
-class Event:
-    """A marker on a stream's queue, in simulated time."""
-
-    def __init__(
-        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
-    ) -> None:
-        self.enable_timing = enable_timing
-        self._event = sim_device.Event()
-
-    def record(self, stream: Stream | None = None) -> None:
-        s = stream or current_stream()
-        _flushed().timeline.record_event(self._event, s.stream_id)
-
-    def wait(self, stream: Stream | None = None) -> None:
-        (stream or current_stream()).wait_event(self)
-
-    def query(self) -> bool:
-        return _flushed().timeline.event_query(self._event)
-
-    def synchronize(self) -> None:
-        rt = _flushed()
-        rt.timeline.event_synchronize(self._event)
-
-    def elapsed_time(self, end_event: Event) -> float:
-        """Milliseconds of simulated time between this event and end_event."""
-        if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Events were not created with enable_timing=True")
-        return sim_device.Timeline.elapsed_ns(self._event, end_event._event) / 1e6
+# -- streams and events: torch.cuda's, as torch.neuron's own names (client/streams.py) ------
+Stream = streams.Stream
+Event = streams.Event
+default_stream = streams.default_stream
+current_stream = streams.current_stream
+set_stream = streams.set_stream
+stream = streams.stream
 
 
 # -- execution mode ---------------------------------------------------------------------------
@@ -465,14 +355,14 @@ def metrics() -> dict[str, int]:
     return runtime.get().snapshot()
 
 
-def register_kernel(op: Any, cost: Any) -> None:
+def register_kernel(op: Any, cost: Callable[..., KernelCost]) -> None:
     """Makes a torch.library.custom_op one neuron kernel with a declared cost (client/kernels.py)."""
     from trnsim.client import kernels
 
     kernels.register_kernel(op, cost)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[KernelCost]:
     if name == "KernelCost":  # torch.neuron.KernelCost(engine, ns, flops, hbm_bytes)
         from trnsim.compiler.graph import KernelCost
 
@@ -480,7 +370,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
 
-def explain() -> Any:
+def explain() -> Report:
     """Why the runtime did what it did, at your lines: adaptive mode's graph cuts (reason,
     the op the graph ended with, file:line), compiled mode's graph breaks, recompiles and
     eager fallbacks. print() it for a table; .to_json() for data (client/explain.py)."""
@@ -497,10 +387,17 @@ def metrics_report() -> str:
     streams)."""
     m = metrics()
     ms = {k: v / 1e6 for k, v in m.items() if k.endswith("_ns")}
+    rows = [*_work_rows(m, ms), *_traffic_rows(m, ms)]
+    lines = [f"{name:<18}{text}" for name, text in rows]
+    return "\n".join(lines)
+
+
+def _work_rows(m: dict[str, int], ms: dict[str, float]) -> list[tuple[str, str]]:
+    """metrics_report's rows of what ran: ops, executables, adaptive and compiled mode."""
     cuts = ", ".join(
         f"{k[len('cut_') :]} {v}" for k, v in sorted(m.items()) if k.startswith("cut_") and v
     )
-    rows = [
+    return [
         (
             "ops dispatched",
             (
@@ -532,6 +429,12 @@ def metrics_report() -> str:
                 f"{m['compiled_fallbacks']} eager fallbacks"
             ),
         ),
+    ]
+
+
+def _traffic_rows(m: dict[str, int], ms: dict[str, float]) -> list[tuple[str, str]]:
+    """metrics_report's rows of memory traffic, launches and the simulated clocks."""
+    return [
         (
             "memory traffic",
             (
@@ -554,8 +457,6 @@ def metrics_report() -> str:
             ),
         ),
     ]
-    lines = [f"{name:<18}{text}" for name, text in rows]
-    return "\n".join(lines)
 
 
 def compiled_explain() -> list[dict[str, Any]]:
@@ -566,7 +467,7 @@ def compiled_explain() -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def profile(path: str | None = None) -> Iterator[Any]:
+def profile(path: str | None = None) -> Iterator[profiler.Profiler]:
     """Profiles the block: each launch on the simulated chip and each instruction of it on
     its engine, named by its ATen ops and source lines, and each collective (client/
     profiler.py). Yields the profiler (.summary() is a table, .events the trace). What was

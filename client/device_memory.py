@@ -104,3 +104,44 @@ class DeviceMemory:
         for b in blocks:
             if b.allocated:
                 self.allocator.free(b)
+
+    # -- what torch.neuron reads and sets (memory_allocated, memory_stats...) ------------------
+    def allocated_bytes(self) -> int:
+        return self.allocator.allocated_bytes
+
+    def peak_allocated_bytes(self) -> int:
+        return self.allocator.peak_allocated_bytes
+
+    def reserved_bytes(self) -> int:
+        return self.allocator.reserved_bytes
+
+    def memory_capacity(self) -> int:
+        """The core's HBM, bytes."""
+        return self.allocator.capacity
+
+    def memory_limit(self) -> int:
+        """The bytes this process may reserve (set_memory_limit)."""
+        return self.allocator.limit
+
+    def set_memory_limit(self, nbytes: int) -> None:
+        """Caps reserved memory: past it the allocator frees cached blocks and retries."""
+        self.allocator.limit = nbytes
+
+    def memory_stats(self) -> dict[str, int]:
+        """The allocator's counters, cached and fragmented bytes, capacity (HbmAllocator.stats)."""
+        return self.allocator.stats()
+
+    def memory_snapshot(self) -> list[dict[str, object]]:
+        """Every segment and its blocks, in address order (HbmAllocator.snapshot)."""
+        return self.allocator.snapshot()
+
+    def reset_peak_stats(self) -> None:
+        self.allocator.reset_peak_stats()
+
+    def reset_accumulated_stats(self) -> None:
+        """The allocator's historical counts (allocations, frees, OOMs...) back to 0."""
+        self.allocator.reset_accumulated_stats()
+
+    def empty_cache(self) -> None:
+        """Releases every cached segment that holds no allocated block."""
+        self.allocator.empty_cache()

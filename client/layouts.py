@@ -11,11 +11,12 @@ device get different masks from the same seed (transformers' Segformer decode he
 
 Both ways a device learns an output's metadata take the CPU's layout from here:
 eager dispatch and recording (client/dispatch.py, from the Meta kernel's outputs) and
-FakeTensor, which compiled mode's AOTAutograd traces with (install_fake_rule).
+FakeTensor, which compiled mode's AOTAutograd traces with (fake_rule).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -119,34 +120,30 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype)
 
 
-def install_fake_rule() -> None:
-    """FakeTensor gives a neuron convolution's outputs the CPU's layout too: AOTAutograd's
-    graphs (compiled mode) then hold the strides eager dispatch gives."""
-    from torch._subclasses import fake_impls
+FakeRule = Callable[..., Any]  # a FakeTensor implementation: (mode, func, *args, **kwargs)
+
+
+def fake_rule(rule: FakeRule) -> FakeRule:
+    """FakeTensor's rule for a convolution, giving a neuron convolution's outputs the CPU's
+    layout too: AOTAutograd's graphs (compiled mode) then hold the strides eager dispatch
+    gives. (client/patches.py puts it in FakeTensor's table.)"""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-    table = fake_impls.op_implementations_dict
-    for op in CONVOLUTIONS:
-        rule = table.get(op)
-        if rule is None or getattr(rule, "_neuron_layout", False):
-            continue
+    def conv(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        out = rule(mode, func, *args, **kwargs)
+        first = out[0] if isinstance(out, tuple) else out
+        if not isinstance(first, FakeTensor) and isinstance(out, tuple):
+            first = out[1]
+        if not isinstance(first, FakeTensor) or first.fake_device.type != DEVICE:
+            return out
+        with unset_fake_temporarily():
+            fixed = as_on_cpu(
+                func,
+                args,
+                kwargs,
+                out if isinstance(out, tuple) else (out,),
+                lambda t, new: FakeTensor(mode, new, t.fake_device),
+            )
+        return fixed if isinstance(out, tuple) else fixed[0]
 
-        def conv(mode: Any, func: Any, *args: Any, _rule: Any = rule, **kwargs: Any) -> Any:
-            out = _rule(mode, func, *args, **kwargs)
-            first = out[0] if isinstance(out, tuple) else out
-            if not isinstance(first, FakeTensor) and isinstance(out, tuple):
-                first = out[1]
-            if not isinstance(first, FakeTensor) or first.fake_device.type != DEVICE:
-                return out
-            with unset_fake_temporarily():
-                fixed = as_on_cpu(
-                    func,
-                    args,
-                    kwargs,
-                    out if isinstance(out, tuple) else (out,),
-                    lambda t, new: FakeTensor(mode, new, t.fake_device),
-                )
-            return fixed if isinstance(out, tuple) else fixed[0]
-
-        conv._neuron_layout = True  # type: ignore[attr-defined]
-        table[op] = conv
+    return conv

@@ -7,7 +7,8 @@ a neuron kernel. So the Tensor methods are wrapped: when neuron is the device as
 the current accelerator), pin_memory returns a copy in memory the runtime marks as pinned.
 A non_blocking copy from pinned memory to the device is a DMA on the stream and the host goes
 on, as from page-locked memory on a real device; from pageable memory the host is busy for
-the transfer. Other devices' pinning is untouched.
+the transfer. Other devices' pinning is untouched. (client/patches.py puts the wrapped
+methods in place.)
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-_pinned: dict[int, weakref.ref[Any]] = {}  # data_ptr -> its storage (while it lives)
+Device = torch.device | str | int
+PinMemory = Callable[..., torch.Tensor]  # Tensor.pin_memory(self, device=None)
+IsPinned = Callable[..., bool]  # Tensor.is_pinned(self, device=None)
+
+# data_ptr -> its storage (while it lives)
+_pinned: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
 
 def is_pinned(t: torch.Tensor) -> bool:
@@ -31,7 +36,7 @@ def is_pinned(t: torch.Tensor) -> bool:
     return ref is not None and ref() is storage
 
 
-def _for_neuron(device: Any) -> bool:
+def _for_neuron(device: Device | None) -> bool:
     if device is not None:
         return torch.device(device).type == "neuron"
     current = torch.accelerator.current_accelerator()
@@ -52,33 +57,25 @@ def _pin(t: torch.Tensor) -> torch.Tensor:
     return pinned
 
 
-def _wrap_pin_memory(original: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_pin_memory(original: PinMemory) -> PinMemory:
+    """Tensor.pin_memory: for neuron, a copy in memory the runtime marks as pinned."""
+
     @functools.wraps(original)
-    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    def pin_memory(self: torch.Tensor, device: Device | None = None) -> torch.Tensor:
         if not self.is_cpu or not _for_neuron(device):
-            return original(self) if device is None else original(self, device)  # type: ignore[no-any-return]
+            return original(self) if device is None else original(self, device)
         return self if is_pinned(self) else _pin(self)
 
     return pin_memory
 
 
-def _wrap_is_pinned(original: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_is_pinned(original: IsPinned) -> IsPinned:
+    """Tensor.is_pinned: for neuron, whether the memory is marked as pinned."""
+
     @functools.wraps(original)
-    def is_pinned_method(self: torch.Tensor, device: Any = None) -> bool:
+    def is_pinned_method(self: torch.Tensor, device: Device | None = None) -> bool:
         if not self.is_cpu or not _for_neuron(device):
-            return original(self) if device is None else original(self, device)  # type: ignore[no-any-return]
+            return original(self) if device is None else original(self, device)
         return is_pinned(self)
 
     return is_pinned_method
-
-
-_installed: list[bool] = []
-
-
-def install() -> None:
-    """Once per process (on `import torch`, with the neuron backend)."""
-    if _installed:
-        return
-    _installed.append(True)
-    torch.Tensor.pin_memory = _wrap_pin_memory(torch.Tensor.pin_memory)  # type: ignore[method-assign]
-    torch.Tensor.is_pinned = _wrap_is_pinned(torch.Tensor.is_pinned)  # type: ignore[method-assign]

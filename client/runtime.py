@@ -226,6 +226,45 @@ class Runtime:
         finally:
             self.stream = previous
 
+    # -- verbs over the timeline (torch.neuron's streams and events, the process group) -------
+    # Thin: each reads or moves one thing of the simulated core and flushes nothing (its
+    # caller decides whether recorded work runs first).
+    def now_ns(self) -> int:
+        """Simulated wall time: the later of the host and every queue's end."""
+        return self.timeline.now_ns()
+
+    def ready_ns(self, stream: int) -> int:
+        """When work submitted now on `stream` could start (host time or the stream's end)."""
+        return self.timeline.ready_ns(stream)
+
+    def device_busy_ns(self) -> int:
+        """Busy time summed over every stream."""
+        return self.timeline.device_busy_ns()
+
+    def occupy(self, stream: int, start_ns: int, duration_ns: int, engine: str) -> None:
+        """Work whose start was agreed elsewhere (a collective) runs on `stream` from start_ns."""
+        self.timeline.occupy(stream, start_ns, duration_ns, engine)
+
+    def wait_until(self, time_ns: int) -> None:
+        """The host waits until time_ns (counted as a sync wait)."""
+        self.timeline.wait_until(time_ns)
+
+    def record_event(self, event: Event, stream: int) -> None:
+        """The event completes when the work enqueued so far on `stream` completes."""
+        self.timeline.record_event(event, stream)
+
+    def wait_event(self, event: Event, stream: int) -> None:
+        """Later work on `stream` waits for the event (a device-side wait)."""
+        self.timeline.stream_wait_event(event, stream)
+
+    def event_query(self, event: Event) -> bool:
+        """Whether the event has completed on the host's clock (unrecorded: yes)."""
+        return self.timeline.event_query(event)
+
+    def event_synchronize(self, event: Event) -> None:
+        """The host waits for the event."""
+        self.timeline.event_synchronize(event)
+
     def synchronize(self, stream: int | None = None) -> None:
         self.flush("sync")
         self.timeline.synchronize(stream)

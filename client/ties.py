@@ -18,6 +18,8 @@ The same swap keeps a lazy module's UninitializedParameter (and UninitializedBuf
 is on CUDA: converted, still uninitialized, materialised with its real shape on the first
 forward. A new plain Parameter around the converted empty tensor would instead look
 initialized with 0 elements, and the first forward would fail on its shape.
+
+client/patches.py puts keep_ties in place of Module._apply.
 """
 
 from __future__ import annotations
@@ -30,21 +32,24 @@ from typing import Any
 import torch
 
 _state = threading.local()
+Table = dict[str, Any]  # a module's _parameters or _buffers (values: Parameter, Tensor, None)
+Slot = tuple[Table, str, torch.Tensor]  # (table, name, the tensor it held before)
+Apply = Callable[..., torch.nn.Module]  # Module._apply(self, fn, recurse=True)
 
 
-def _slots(module: torch.nn.Module) -> list[tuple[dict[str, Any], str, Any]]:
+def _slots(module: torch.nn.Module) -> list[Slot]:
     """Every (table, name, tensor) of the module tree: parameters and buffers, one entry
     per module slot (a shared submodule's slots once)."""
-    slots: list[tuple[dict[str, Any], str, Any]] = []
+    slots: list[Slot] = []
     for m in module.modules():
         for table in (m._parameters, m._buffers):
             slots.extend((table, name, t) for name, t in table.items() if t is not None)
     return slots
 
 
-def _retie(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
+def _retie(slots: list[Slot]) -> None:
     """Slots that held one tensor before the conversion get one tensor after it."""
-    first: dict[int, Any] = {}
+    first: dict[int, torch.Tensor] = {}
     for table, name, before in slots:
         now = table.get(name)
         if now is None:
@@ -54,7 +59,7 @@ def _retie(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
             table[name] = kept
 
 
-def _keep_uninitialized(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
+def _keep_uninitialized(slots: list[Slot]) -> None:
     """A lazy module's uninitialized tensors, converted, are uninitialized ones again."""
     from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
@@ -74,14 +79,14 @@ def _keep_uninitialized(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
         )
 
 
-def _keep_identity(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
+def _keep_identity(slots: list[Slot]) -> None:
     """A parameter converted to or from neuron stays the same Python object, as on CUDA
     (where its data is swapped in place): the converted tensor's contents are swapped into
     it (torch.utils.swap_tensors). An optimizer made before `model.to("neuron")`, or
     accelerate preparing one, then updates the parameters the model uses."""
     from torch.nn.parameter import UninitializedParameter
 
-    kept: dict[int, Any] = {}
+    kept: dict[int, torch.Tensor] = {}
     for table, name, before in slots:
         now = table.get(name)
         if (
@@ -111,14 +116,16 @@ def _keep_identity(slots: list[tuple[dict[str, Any], str, Any]]) -> None:
         table[name] = kept[id(before)]
 
 
-def _same_kind(a: Any, b: Any) -> bool:
+def _same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
     return type(a) is type(b) and a.device == b.device and a.dtype == b.dtype
 
 
-def keep_ties(real_apply: Callable[..., Any]) -> Callable[..., Any]:
+def keep_ties(real_apply: Apply) -> Apply:
     """Wraps Module._apply: the outermost call re-ties what the conversion untied."""
 
-    def _apply(self: torch.nn.Module, fn: Callable[..., Any], recurse: bool = True) -> Any:
+    def _apply(
+        self: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> torch.nn.Module:
         if getattr(_state, "inside", False) or not recurse:
             return real_apply(self, fn, recurse)
         slots = _slots(self)
@@ -134,10 +141,3 @@ def keep_ties(real_apply: Callable[..., Any]) -> Callable[..., Any]:
 
     _apply.__wrapped__ = real_apply  # type: ignore[attr-defined]
     return _apply
-
-
-def install() -> None:
-    """Once per process (on `import torch`, with the neuron backend)."""
-    apply = torch.nn.Module._apply
-    if not hasattr(apply, "__wrapped__"):
-        torch.nn.Module._apply = keep_ties(apply)  # type: ignore[method-assign]

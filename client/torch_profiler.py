@@ -19,7 +19,7 @@ One time axis: a device event has its simulated duration, and starts when its la
 issued on the host's clock, or when the previous launch on its row ends if that is later
 (the host ran ahead). Host times are real (trnsim's own Python included); device times are
 the chip's. torch.profiler.profile's __exit__, event parsing and trace export are wrapped
-to do this (install(), once).
+to do this (the wrap_* functions; client/patches.py puts them in place).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import gzip
 import itertools
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,18 +88,12 @@ def _take() -> dict[int, Events]:
     return taken
 
 
-def install() -> None:
-    """Wraps torch.autograd.profiler.profile (what torch.profiler.profile drives) once."""
-    cls = autograd_profiler.profile
-    if getattr(cls, "_trnsim_wrapped", False):
-        return
-    cls._trnsim_wrapped = True
-    exit_, ensure, export = cls.__exit__, cls._ensure_function_events, cls.export_chrome_trace
+def wrap_exit(exit_: Callable[..., Any]) -> Callable[..., Any]:
+    """profile.__exit__: the launches of the cycle are taken before torch parses it (with
+    acc_events it parses inside __exit__); what was recorded but not launched runs first."""
 
     @functools.wraps(exit_)
     def __exit__(self: Any, *exc: Any) -> Any:
-        # The launches of this cycle are taken before torch parses it (with acc_events it
-        # parses inside __exit__); what was recorded but not launched runs first.
         if self.enabled:
             try:
                 from trnsim.client import runtime
@@ -109,12 +104,24 @@ def install() -> None:
                 self._neuron_launches = _take()
         return exit_(self, *exc)
 
+    return __exit__
+
+
+def wrap_ensure_function_events(ensure: Callable[..., None]) -> Callable[..., None]:
+    """profile._ensure_function_events: the launches join the events once they are parsed."""
+
     @functools.wraps(ensure)
     def _ensure_function_events(self: Any) -> None:
         fresh = self._function_events is None
         ensure(self)
         if fresh and self._function_events is not None:
             _merge(self)
+
+    return _ensure_function_events
+
+
+def wrap_export_chrome_trace(export: Callable[..., Any]) -> Callable[..., Any]:
+    """profile.export_chrome_trace: the launches join kineto's trace."""
 
     @functools.wraps(export)
     def export_chrome_trace(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
@@ -124,9 +131,7 @@ def install() -> None:
             _add_to_trace(Path(path), launches)
         return out
 
-    cls.__exit__ = __exit__  # type: ignore[method-assign]
-    cls._ensure_function_events = _ensure_function_events  # type: ignore[method-assign]
-    cls.export_chrome_trace = export_chrome_trace  # type: ignore[method-assign]
+    return export_chrome_trace
 
 
 def _marker_id(name: Any) -> int | None:
