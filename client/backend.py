@@ -337,3 +337,7 @@ def register() -> None:
 
         distributed.register()  # init_process_group("neuron"), FSDP2, DTensor
         patches.ddp_refuses_used_parameter_map()  # DDP: a clear error, not an internal one
+        # FSDP2 frees and brings back neuron storages (once FSDP2 is imported: it is slow)
+        after_import(
+            "torch.distributed.fsdp._fully_shard._fsdp_param_group", patches.fsdp_parks_storage
+        )

@@ -7,8 +7,8 @@ one that serves neuron and hands every other device to the original. The replace
 with the code they serve (ties.py, accelerator.py, pinned.py, torch_profiler.py,
 autocast.py, distributed/parallel.py, layouts.py); putting them in place, and the guard
 that does so once per process, are here. backend.register() installs them at `import
-torch`, in this file's order, but for two that wait: FSDP2's for the first neuron process
-group, FakeTensor's for its module's import (importing either at `import torch` costs time).
+torch`, in this file's order, but for two that wait for their module's import, FSDP2's and
+FakeTensor's (importing either at `import torch` costs time).
 """
 
 from __future__ import annotations
@@ -87,10 +87,14 @@ def torch_profiler_sees_the_device() -> None:
     trace export are wrapped so that the simulated chip's launches get device time in its
     tables and traces (client/torch_profiler.py)."""
     from torch.autograd import profiler as autograd_profiler
-    from trnsim.client import torch_profiler
+    from trnsim.client import runtime, torch_profiler
+
+    def synchronize() -> None:  # (no runtime yet: nothing launched)
+        if runtime.initialized():
+            runtime.get().synchronize()
 
     cls = autograd_profiler.profile
-    cls.__exit__ = torch_profiler.wrap_exit(cls.__exit__)  # type: ignore[method-assign]
+    cls.__exit__ = torch_profiler.wrap_exit(cls.__exit__, synchronize)  # type: ignore[method-assign]
     cls._ensure_function_events = torch_profiler.wrap_ensure_function_events(  # type: ignore[method-assign]
         cls._ensure_function_events
     )

@@ -88,18 +88,16 @@ def _take() -> dict[int, Events]:
     return taken
 
 
-def wrap_exit(exit_: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_exit(exit_: Callable[..., Any], synchronize: Callable[[], None]) -> Callable[..., Any]:
     """profile.__exit__: the launches of the cycle are taken before torch parses it (with
-    acc_events it parses inside __exit__); what was recorded but not launched runs first."""
+    acc_events it parses inside __exit__); what was recorded but not launched runs first
+    (`synchronize`: the runtime's, if there is one)."""
 
     @functools.wraps(exit_)
     def __exit__(self: Any, *exc: Any) -> Any:
         if self.enabled:
             try:
-                from trnsim.client import runtime
-
-                if runtime.initialized():
-                    runtime.get().synchronize()
+                synchronize()
             finally:
                 self._neuron_launches = _take()
         return exit_(self, *exc)

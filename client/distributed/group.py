@@ -23,7 +23,7 @@ from torch._C._distributed_c10d import (
     Store,
 )
 from torch._C._distributed_c10d import Work as _CWork
-from trnsim.client import env, patches, runtime
+from trnsim.client import env, runtime
 from trnsim.client.distributed import timing
 from trnsim.client.distributed.errors import CollectiveError
 from trnsim.client.distributed.reductions import RedOp, Reduction, reduction, scale
@@ -82,7 +82,6 @@ class NeuronProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 f"the neuron process group (rank {rank} of {size}) could not connect its gloo "
                 f"transport: {e}. Check MASTER_ADDR/MASTER_PORT and that every rank started"
             ) from e
-        patches.fsdp_parks_storage()
         self.hosts = self._exchange_hosts()
         self.queue = timing.CollectiveQueue.new(cost_model.Topology.of(self.hosts))
 
