@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := package protos simulator compiler policy daemon client cli
+PACKAGES := package protos simulator compiler policy daemon client client/api client/door client/modes client/core client/distributed cli
 
 .PHONY: setup test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant clean
 

@@ -9,7 +9,7 @@ import time
 def time_compiles() -> list[float]:
     """Wall seconds this rank spends waiting in blocking compiles (the compile part of its
     time to first step), accumulated in the returned list's one item."""
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     client = runtime.get().compiler
     compile_blocking = client.compile

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from trnsim import compiler
-from trnsim.client.compile_client import DaemonCompileClient
+from trnsim.client.core.compile_client import DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
@@ -37,7 +37,7 @@ CLIENT = """
 import sys, time
 sys.path.insert(0, {repo!r})
 from tests.daemon.helpers import request
-from trnsim.client.compile_client import DaemonCompileClient
+from trnsim.client.core.compile_client import DaemonCompileClient
 address, n, window, graphs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 client = DaemonCompileClient(address, auto_start=False)
 reqs = [request(i % graphs) for i in range(n)]

@@ -151,7 +151,7 @@ def llama_workload() -> tuple[Callable[[], torch.nn.Module], Stepper]:
 
 
 def wait_for_fused_compiles() -> None:
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     recorder = runtime.get().recorder
     deadline = time.monotonic() + 120

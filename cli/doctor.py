@@ -1,6 +1,6 @@
 """`trnsim doctor`: is this host ready to train on the simulated chip? One line per check,
 each failure with the fix. Torch's side (its version, the device's autoload, the NEURON_*
-variables) runs in a process of its own (client/doctor.py): a broken or hanging torch must
+variables) runs in a process of its own (client/api/doctor.py): a broken or hanging torch must
 not break the doctor, and the probe runs an op with none of the user's NEURON_* variables
 set. Then the daemon (reachable, the same compiler version), the socket's and the cache's
 directories (private to the user), the cache's database, free disk and memory."""
@@ -44,7 +44,7 @@ def torch_checks() -> tuple[list[Check], str]:
     probe_env.update(NEURON_COMPILE_DAEMON="off", TRNSIM_DOCTOR_VARIABLES=json.dumps(variables))
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "trnsim.client.doctor"],
+            [sys.executable, "-m", "trnsim.client.api.doctor"],
             capture_output=True,
             text=True,
             timeout=300,

@@ -1,7 +1,7 @@
 """`trnsim explain`, `trnsim registry` and `trnsim record`: the commands that run the client,
 and so PyTorch. The client is imported only when one of them runs (importing torch takes
-seconds the other commands never pay); each parses its own arguments (client/explain.py,
-client/registry.py)."""
+seconds the other commands never pay); each parses its own arguments (client/api/explain.py,
+client/api/registry.py)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ def _without_run_outputs() -> Iterator[None]:
 def run(argv: list[str]) -> int:
     """argv: the command's name, then its arguments."""
     if argv[0] == "record":  # the command it runs gets the user's environment whole
-        from trnsim.client import registry
+        from trnsim.client.api import registry
 
         return registry.main(argv)
     with _without_run_outputs():
         if argv[0] == "explain":
-            from trnsim.client import explain
+            from trnsim.client.api import explain
 
             return explain.main(argv[1:])
-        from trnsim.client import registry
+        from trnsim.client.api import registry
 
         return registry.main(argv[1:])

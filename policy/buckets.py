@@ -3,7 +3,7 @@ torch._dynamo.mark_dynamic).
 
 Pure policy: given a symbolic size's value, say which bucket it runs in. A bucket is an
 upper bound; one executable is compiled per bucket, at the bound, and runs every size in
-it (client/compiled.py). Powers of two by default; NEURON_SHAPE_BUCKETS lists the bounds
+it (client/modes/compiled.py). Powers of two by default; NEURON_SHAPE_BUCKETS lists the bounds
 instead ("128,256,512"), or turns bucketing off ("exact": each size compiles on its own).
 """
 

@@ -1,6 +1,6 @@
 """The simulated timeline of one core: host time, in-order device queues, engine busy time.
 
-docs/architecture.md, "Two clocks": each launch starts at max(host time of the launch, end of the previous
+docs/ARCHITECTURE.md, "Two clocks": each launch starts at max(host time of the launch, end of the previous
 work on its queue) and lasts its launch overhead plus its modelled time; a sync point moves
 the host to the end of the work it waits for. Everything here is deterministic.
 """

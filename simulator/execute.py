@@ -400,7 +400,7 @@ class LoadedExecutable:
 
     def at_size(self, graph: graph_pb2.Graph, debug: graph_pb2.GraphDebug) -> LoadedExecutable:
         """This executable run at sizes inside those it was compiled at (a shape bucket's
-        upper bound, client/compiled.py): `graph` is the same program recorded at the real
+        upper bound, client/modes/compiled.py): `graph` is the same program recorded at the real
         sizes. The numerics are computed at those sizes, its ops in program order; the time,
         engine use and HBM traffic are this executable's, as the chip runs the program
         compiled for the bound with the lanes past the real size masked (XLA's bounded

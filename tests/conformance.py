@@ -185,7 +185,7 @@ def _same_as_eager(op: Any, sample: Any) -> None:
     same. New memory is NaN-filled (deterministic algorithms, warn only) so that outputs a
     kernel leaves unwritten compare equal; ops whose eager runs still differ from each other
     (a CPU kernel reading uninitialised workspace) are compared on layout only."""
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     from tests.client.differential import same_bits, wait_for_fused_compiles
 
@@ -468,7 +468,7 @@ def _run_derivatives(op: Any, timeout: int, mode: str, check: str) -> Result:
     """Every float32 sample's derivatives (check "forward_ad" or "gradgrad"), or every sparse
     sample's result ("sparse"), on neuron against the CPU's; in adaptive mode also against
     eager mode's, bit for bit."""
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     from tests.client.differential import same_bits, wait_for_fused_compiles
 

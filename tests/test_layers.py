@@ -1,4 +1,4 @@
-"""The layer contracts of docs/architecture.md, checked by import-linter on the installed packages."""
+"""The layer contracts of docs/ARCHITECTURE.md, checked by import-linter on the installed packages."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ PyTorch lets a Python class stand for a whole group, not for one device's backen
 takes CPU tensors as well (straight to gloo, nothing on the timeline).
 
 The data path is gloo's, over the host memory behind device tensors (staging.py,
-client/memory.py), in a gloo group this group owns: no transport here. Each collective also
+client/core/memory.py), in a gloo group this group owns: no transport here. Each collective also
 takes its place on the simulated timeline of every rank (timing.py):
 
 - it waits for the work already issued on the current stream (its inputs), then runs on the
@@ -21,7 +21,7 @@ takes its place on the simulated timeline of every rank (timing.py):
 Ranks are placed on hosts by NEURON_SIM_NODE, else torchrun's node rank (GROUP_RANK) when
 the job spans several nodes, else the host name. The functional collectives (DTensor,
 tensor parallel) get neuron kernels (functional.py); DDP and FSDP2 get what only a C++
-backend would give them (parallel.py, put in place by client/patches.py).
+backend would give them (parallel.py, put in place by client/api/patches.py).
 """
 
 from __future__ import annotations

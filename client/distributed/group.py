@@ -23,7 +23,7 @@ from torch._C._distributed_c10d import (
     Store,
 )
 from torch._C._distributed_c10d import Work as _CWork
-from trnsim.client import env, runtime
+from trnsim.client.core import env, runtime
 from trnsim.client.distributed import timing
 from trnsim.client.distributed.errors import CollectiveError
 from trnsim.client.distributed.reductions import RedOp, Reduction, reduction, scale

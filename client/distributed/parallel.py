@@ -1,5 +1,5 @@
 """DDP and FSDP2 over neuron modules: what they need that only a C++ device backend gives,
-done here (client/patches.py puts these wrappers in place)."""
+done here (client/api/patches.py puts these wrappers in place)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 from trnsim.client.distributed.errors import CollectiveError
 from trnsim.client.distributed.staging import NAME
 

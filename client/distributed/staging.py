@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 from trnsim.client.distributed.errors import CollectiveError
 
 Tensor = torch.Tensor

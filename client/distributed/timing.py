@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from trnsim.client import runtime
+from trnsim.client.core import runtime
+from trnsim.client.core.errors import user_location
 from trnsim.client.distributed.staging import on_device, storage_ptr
-from trnsim.client.errors import user_location
 from trnsim.simulator import cost_model
 
 Tensor = torch.Tensor

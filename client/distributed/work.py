@@ -7,7 +7,7 @@ from datetime import timedelta
 import torch
 from torch._C._distributed_c10d import Work as _CWork
 from torch.futures import Future
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 from trnsim.client.distributed.staging import storage_ptr
 from trnsim.simulator import device as sim_device
 

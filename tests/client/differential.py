@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from trnsim.client import env, runtime
+from trnsim.client.core import env, runtime
 
 
 def wait_for_fused_compiles(rt: runtime.Runtime, timeout_s: float = 60.0) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from train_gpt import GPT, GPTConfig, make_batches, train
-from trnsim.client import env, runtime
+from trnsim.client.core import env, runtime
 
 from tests.client.differential import assert_modes_agree, wait_for_fused_compiles
 
@@ -169,7 +169,7 @@ SCRIPT = """
 import json, sys, time, torch
 sys.path.insert(0, {examples!r})
 from train_gpt import GPT, GPTConfig, make_batches, train
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 torch.manual_seed(0)
 cfg = GPTConfig(n_layer=1)
 model = GPT(cfg)
@@ -491,7 +491,7 @@ def test_graph_inputs_are_typed_as_the_tensors_were_when_read(adaptive):
 
 def test_switching_to_eager_twice_keeps_the_adaptive_graphs() -> None:
     """eager -> eager -> adaptive finds the graphs adaptive mode had (they were dropped)."""
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     rt = runtime.get()
     torch.neuron.set_eager_mode("adaptive")

@@ -22,7 +22,7 @@ y = torch.relu(x); torch.neuron.synchronize()
 m1 = torch.neuron.metrics()
 z = torch.relu(x); torch.neuron.synchronize()
 m2 = torch.neuron.metrics()
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 exe = next(iter(runtime.get().executables.loaded.values()))
 print(json.dumps({"first": m1["host_ns"] - m0["host_ns"], "second": m2["host_ns"] - m1["host_ns"],
                   "wait": m1["compile_wait_ns"] - m0["compile_wait_ns"],
@@ -36,7 +36,7 @@ w = torch.randn(64, 64).to("neuron")
 def step():
     y = torch.tanh(w @ w) * 2 + 1
     return y.sum().item()
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 rt = runtime.get()
 for _ in range(3):
     step()

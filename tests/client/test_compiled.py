@@ -157,7 +157,7 @@ def test_dynamic_sizes_compile_once_per_bucket_and_compute_at_their_size(how: st
 
 
 def test_listed_buckets_and_exact_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trnsim.client import compiled
+    from trnsim.client.modes import compiled
     from trnsim.policy import buckets
 
     monkeypatch.setattr(compiled, "_BUCKETS", buckets.parse("12,24"))

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 
 
 def test_device_properties_and_capability_are_the_simulated_cores():

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from trnsim.client import env
+from trnsim.client.core import env
 
 
 def test_bare_import_torch_registers_neuron():
@@ -170,7 +170,7 @@ def test_memory_accounting_and_out_of_memory():
 
 def test_an_input_read_twice_counts_once_in_the_per_op_hbm_check() -> None:
     """a * a needs the memory of a and of its result, as a + 1 does: one input, read twice."""
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     a = torch.randn(333, 77, device="neuron")
     b = torch.randn(333, 77, device="neuron")

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from trnsim.client import distributed as nd
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from trnsim import compiler
-from trnsim.client import compile_client as cc
+from trnsim.client.core import compile_client as cc
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.protos import executable_pb2, graph_pb2
 from trnsim.simulator.config import get_target

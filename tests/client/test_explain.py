@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from trnsim.client import explain as explaining
+from trnsim.client.api import explain as explaining
 
 
 def test_a_cut_names_the_users_line_and_why():

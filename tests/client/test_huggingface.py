@@ -1,4 +1,4 @@
-"""The Hugging Face stack picks neuron by itself (client/neuronx.py): transformers.Trainer
+"""The Hugging Face stack picks neuron by itself (client/api/neuronx.py): transformers.Trainer
 with nothing set trains on neuron:0, with the CPU's losses; accelerate launch runs two
 processes over the neuron process group."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trnsim.client import runtime
+from trnsim.client.core import runtime
 
 NS_PER_ELEMENT = 0.25
 

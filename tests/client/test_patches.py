@@ -1,11 +1,11 @@
-"""client/patches.py: the changes to PyTorch's own objects are in place after `import torch`,
+"""client/api/patches.py: the changes to PyTorch's own objects are in place after `import torch`,
 and each is made once, whoever calls it again."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from trnsim.client import patches
+from trnsim.client.api import patches
 
 AT_IMPORT = {
     "module_apply_keeps_ties",

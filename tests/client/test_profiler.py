@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from trnsim.client import env, profiler, runtime
+from trnsim.client.core import env, profiler, runtime
 from trnsim.simulator import trace
 
 from tests.client.differential import wait_for_fused_compiles

@@ -1,4 +1,4 @@
-"""A blocking compile that keeps the user waiting says so (client/progress.py)."""
+"""A blocking compile that keeps the user waiting says so (client/core/progress.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 import time
 
 import pytest
-from trnsim.client import progress
+from trnsim.client.core import progress
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from trnsim.client import env, explain, runtime
+from trnsim.client.api import explain
+from trnsim.client.core import env, runtime
 from trnsim.simulator import shape_only
 
 

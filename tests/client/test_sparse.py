@@ -1,4 +1,4 @@
-"""Sparse tensors on neuron (client/sparse.py): COO and CSR, made, moved, computed on, and
+"""Sparse tensors on neuron (client/door/sparse.py): COO and CSR, made, moved, computed on, and
 trained with (sparse embedding gradients, SparseAdam, torch.sparse.mm), against the CPU, in
 every mode; unsupported ops raise an error that names them; time and memory are accounted."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trnsim.client import env, runtime
+from trnsim.client.core import env, runtime
 
 
 def test_pin_memory_and_a_pinned_dataloader():

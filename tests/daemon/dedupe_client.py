@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from trnsim.client.compile_client import DaemonCompileClient
+from trnsim.client.core.compile_client import DaemonCompileClient
 
 from tests.daemon.helpers import request
 

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import psutil
 from trnsim import compiler
-from trnsim.client.compile_client import CompileJob, DaemonCompileClient
+from trnsim.client.core.compile_client import CompileJob, DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.daemon import launcher
 from trnsim.protos import compile_service_pb2 as svc

@@ -21,7 +21,7 @@ from typing import Any
 GRAPHS = 8
 CLIENT = """
 import json, sys, time
-from trnsim.client.compile_client import DaemonCompileClient
+from trnsim.client.core.compile_client import DaemonCompileClient
 from tests.daemon.helpers import request
 address, seconds, graphs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 client = DaemonCompileClient(address, auto_start=False)
@@ -88,7 +88,7 @@ def soak(address: str, clients: int, seconds: float) -> dict[str, Any]:
 
 
 def warm(address: str) -> None:
-    from trnsim.client.compile_client import DaemonCompileClient
+    from trnsim.client.core.compile_client import DaemonCompileClient
 
     from tests.daemon.helpers import request
 

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trnsim import compiler
 from trnsim.cli import main as cli
-from trnsim.client.compile_client import DaemonCompileClient
+from trnsim.client.core.compile_client import DaemonCompileClient
 from trnsim.daemon import launcher
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
@@ -340,7 +340,7 @@ def test_cli_status_and_stats(daemon, capsys):
 
 
 def test_client_reconnects_after_the_daemon_returns(short_tmp, monkeypatch):
-    import trnsim.client.compile_client as cc
+    import trnsim.client.core.compile_client as cc
 
     monkeypatch.setattr(cc, "RECONNECT_AFTER_S", 0.2)
     d = start_daemon(short_tmp, "--workers", "1")
@@ -362,7 +362,7 @@ def test_client_reconnects_after_the_daemon_returns(short_tmp, monkeypatch):
 
 
 def test_an_auto_started_daemon_of_another_version_is_replaced(short_tmp, monkeypatch):
-    import trnsim.client.compile_client as cc
+    import trnsim.client.core.compile_client as cc
 
     d = start_daemon(short_tmp, "--workers", "1")
     old_pid = launcher.get_info(d.address).pid

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from trnsim import compiler
 from trnsim.cli import main as cli
-from trnsim.client.compile_client import CompileJob, DaemonCompileClient
+from trnsim.client.core.compile_client import CompileJob, DaemonCompileClient
 from trnsim.compiler.graph import GraphBuilder, TensorType, to_proto
 from trnsim.daemon import launcher
 from trnsim.daemon.config import ConfigError, default_address
@@ -455,7 +455,7 @@ def test_a_daemon_that_never_answers_costs_a_deadline_not_a_hang(short_tmp):
     try:
         _until(sock.exists, "the mute server")
         client_code = (
-            "import sys, time; from trnsim.client.compile_client import DaemonCompileClient; "
+            "import sys, time; from trnsim.client.core.compile_client import DaemonCompileClient; "
             "from tests.daemon.helpers import job; "
             f"c = DaemonCompileClient('unix:{sock}', auto_start=False); t = time.monotonic(); "
             "exe = c.compile(job(1)).executable; "
@@ -560,7 +560,7 @@ def test_a_daemon_that_exits_at_start_says_why_to_the_client(short_tmp, monkeypa
     """The auto-started daemon refuses a cache directory open to other users and exits: the
     client compiles in process and its warning carries the daemon's reason (not only "no
     compile daemon"), once; it does not respawn a daemon every few seconds."""
-    import trnsim.client.compile_client as cc
+    import trnsim.client.core.compile_client as cc
 
     cache = short_tmp / "cache"
     (cache / "executables").mkdir(parents=True)
@@ -586,7 +586,7 @@ def test_a_background_compile_the_daemon_cannot_do_is_done_here(daemon, monkeypa
     """Adaptive mode's background compiles fall back like blocking ones: an answer the daemon
     gives for its own trouble (here VERSION_MISMATCH) means compiling here, in the
     background; the graph's own error is passed on as it is."""
-    import trnsim.client.compile_client as cc
+    import trnsim.client.core.compile_client as cc
 
     client = DaemonCompileClient(daemon.address, auto_start=False)
     made = cc.compile_request

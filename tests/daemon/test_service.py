@@ -123,7 +123,7 @@ def served(short_tmp):  # type: ignore[no-untyped-def]
 
 
 def _submit(address: str, *requests: svc.CompileRequest):  # type: ignore[no-untyped-def]
-    from trnsim.client.compile_client import DaemonCompileClient
+    from trnsim.client.core.compile_client import DaemonCompileClient
 
     client = DaemonCompileClient(address, auto_start=False)
     return client, [client.submit(r) for r in requests]

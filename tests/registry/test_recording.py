@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trnsim.client import registry
-from trnsim.client.shapes import load
+from trnsim.client.api import registry
+from trnsim.client.core.shapes import load
 
 PROGRAM = """
 import torch

@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from trnsim.client import registry
-from trnsim.client.shapes import Signature, load
+from trnsim.client.api import registry
+from trnsim.client.core.shapes import Signature, load
 
 REGISTRY = Path(__file__).with_name("zoo.jsonl")
 

@@ -1,4 +1,4 @@
-"""The simulated timeline: docs/architecture.md's two clocks, deterministic."""
+"""The simulated timeline: docs/ARCHITECTURE.md's two clocks, deterministic."""
 
 from __future__ import annotations
 

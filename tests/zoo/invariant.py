@@ -53,7 +53,8 @@ def measure(name: str, mode: str) -> dict[str, Any]:
     import torch
     from neuron_helpers import fresh_runtime, wait_for_fused_compiles
     from training import LR, seed_everything, to_device
-    from trnsim.client import explain, runtime
+    from trnsim.client.api import explain
+    from trnsim.client.core import runtime
 
     case = ZOO[name]
     fresh_runtime()

@@ -30,7 +30,7 @@ def use_in_process_compiles(env: MutableMapping[str, str] = os.environ) -> None:
 
 def wait_for_fused_compiles(timeout_s: float = COMPILE_TIMEOUT_S) -> bool:
     """Waits until no background fused compile is pending; False on timeout."""
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     recorder = runtime.get().recorder
     if recorder is None:
@@ -55,7 +55,7 @@ def counter_deltas(before: dict[str, int], after: dict[str, int]) -> dict[str, i
 
 def fresh_runtime() -> None:
     """Drops this process's neuron runtime (caches, recorded graphs); the next use starts anew."""
-    from trnsim.client import runtime
+    from trnsim.client.core import runtime
 
     old, runtime._runtime = runtime._runtime, None
     if old is not None:

@@ -1,0 +1,1 @@
+"""The torch-facing floor: what a user of torch meets (torch.neuron, the device's registration with PyTorch, explain, custom kernels, the shape registry's tests) and every change trnsim makes to PyTorch's own objects."""

@@ -1,0 +1,1 @@
+"""The floor every mode stands on: the op layer (ops.py), the runtime (stream, generator, mode, recorder slot, launch accounting), device memory, executables and the compile client, counters, notes, settings and errors."""

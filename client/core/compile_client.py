@@ -1,0 +1,496 @@
+"""How the runtime gets executables: one interface, two transports. In process (the
+baseline, and the fallback) and the per-host daemon over one gRPC stream per process."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+import logging
+import queue
+import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from google.protobuf.message import DecodeError
+from trnsim import compiler
+from trnsim.client.core import env
+from trnsim.compiler.compile_time import burn
+from trnsim.daemon import launcher
+from trnsim.daemon.config import ConfigError, default_address
+from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import compile_service_pb2_grpc as svc_grpc
+from trnsim.protos import executable_pb2, graph_pb2
+from trnsim.protos.blobs import blob_ok
+from trnsim.simulator.config import get_target
+
+log = logging.getLogger(__name__)
+RECONNECT_AFTER_S = 5.0
+LOOKUP_DEADLINE_S = 2.0  # adaptive mode asking the cache for a graph met the first time
+NEAREST_DEADLINE_S = 10.0  # torch.neuron.explain() asking which cached keys are nearest
+MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/server.py)
+# How long a blocking compile waits for the daemon's answer before compiling in process: a
+# safety net against a mute daemon (every request is answered). Past the daemon's own compile
+# limit (600 s, daemon/config.py) with a margin, so a slow graph gets the daemon's TIMEOUT
+# rather than a second compile here.
+ANSWER_DEADLINE_S = env.compile_deadline_s()
+# Errors that mean "the daemon could not do it", not "this graph cannot be compiled". A
+# TIMEOUT is not among them: the graph ran over the daemon's limit, and compiling it here
+# would hold this process as long.
+_COMPILE_HERE = {svc.VERSION_MISMATCH, svc.CANCELLED, svc.TRANSIENT}
+
+
+@dataclass(frozen=True, eq=False)
+class CompileJob:
+    """One compile to ask for: the graph, the target it runs on, the options it compiles at,
+    and its source lines (never part of the key). Its cache key is computed once, when first
+    asked for: the in-process cache files the executable under it, and a daemon's answer
+    must be for it."""
+
+    graph: graph_pb2.Graph
+    target: str
+    options: executable_pb2.CompileOptions
+    debug: graph_pb2.GraphDebug | None = None
+
+    @functools.cached_property
+    def key(self) -> str:
+        """The cache key (compiler/keys.py) this process computes for the graph."""
+        target = get_target(self.target)
+        return compiler.cache_key_from_proto(self.graph, target, self.options).digest
+
+
+class Tier(enum.Enum):
+    """Where a compile's executable came from."""
+
+    IN_PROCESS = enum.auto()  # compiled in this process (no daemon, or its fallback)
+    MEMORY = enum.auto()  # the daemon's memory tier
+    DISK = enum.auto()  # the daemon's disk tier
+    COMPILED = enum.auto()  # the daemon compiled it for this request
+    JOINED = enum.auto()  # the request joined the daemon's compile already in flight
+    UNSPECIFIED = enum.auto()  # a daemon that did not say
+
+
+_TIERS = {
+    svc.MEMORY: Tier.MEMORY,
+    svc.DISK: Tier.DISK,
+    svc.COMPILED: Tier.COMPILED,
+    svc.JOINED: Tier.JOINED,
+}
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compile's answer to one request: the executable (the cacheable artifact, the same
+    for every requester), and what is this request's own: the modelled compile seconds it
+    waited for (all of a compile it started, the rest of one it joined, none for a cache
+    hit) and where the executable came from."""
+
+    executable: executable_pb2.Executable
+    waited_seconds: float
+    tier: Tier
+
+    @property
+    def fetched(self) -> bool:
+        """A cache hit: it waited for no compile (compiled by an earlier run, another process
+        or `trnsim precompile`)."""
+        return self.waited_seconds == 0 and self.executable.modelled_compile_seconds > 0
+
+
+class CompileClient(Protocol):
+    def compile(self, job: CompileJob) -> Compiled: ...
+
+    def compile_async(self, job: CompileJob) -> Future[Compiled]:
+        """A background compile (adaptive mode's fused graphs): its answer, or the compile's
+        error, when it is done."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Whether compiles land in a cache other processes share (asking is then cheap)."""
+        ...
+
+    def close(self) -> None:
+        """Releases what the client holds (the daemon stream); compiles still work after."""
+
+    def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
+        """For each missed (key, parts), the key cached before it that is nearest to it, and
+        its parts (None: nothing to compare with); None without a shared cache to ask."""
+
+    def cached(self, key: str) -> Compiled | None:
+        """The executable of `key` if a shared cache holds it (never compiles; it waited for
+        nothing): None on a miss or without a shared cache."""
+
+
+# A cache key and its parts (compiler/keys.py key_parts): what explaining a miss compares.
+Parts = tuple[str, list[compiler.KeyPart]]
+
+
+class InProcessCompileClient:
+    """Compiles in this process: the baseline, and the fallback when no daemon answers."""
+
+    shared = False
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.scale = env.compile_scale()
+        self._background: ThreadPoolExecutor | None = None
+
+    def compile(self, job: CompileJob, background: bool = False) -> Compiled:
+        """Compiled here: this process waits for all of its modelled compile time, and burns
+        NEURON_SIM_COMPILE_SCALE x that of CPU (at the lowest priority for a background one)."""
+        self.compiles += 1
+        exe = compiler.compile(job.graph, job.target, job.options, job.debug)
+        burn(exe.modelled_compile_seconds * self.scale, background)
+        return Compiled(exe, exe.modelled_compile_seconds, Tier.IN_PROCESS)
+
+    def compile_async(self, job: CompileJob) -> Future[Compiled]:
+        """On one background thread (the compiler is pure Python: more would only contend)."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="trnsim-compile")
+        return self._background.submit(self.compile, job, True)
+
+    def close(self) -> None:
+        if self._background is not None:
+            self._background.shutdown(wait=False, cancel_futures=True)
+            self._background = None
+
+    def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
+        return None  # (no cache but this process's: torch.neuron.explain() compares those)
+
+    def cached(self, key: str) -> Compiled | None:
+        return None
+
+
+class DaemonUnavailable(RuntimeError):
+    """Recoverable: the daemon cannot be reached; the client compiles in process for now."""
+
+
+class DaemonCompileClient:
+    """Requests go over one bidirectional stream; each gets a future, answered out of order.
+
+    If the daemon cannot be reached, dies mid-run or is another version, compiles happen in
+    this process (warned once) and the client tries to reconnect later: no training step
+    fails because of the daemon.
+    """
+
+    def __init__(self, address: str, auto_start: bool) -> None:
+        self.address = address
+        self.auto_start = auto_start
+        self.local = InProcessCompileClient()
+        self.version = compiler.compiler_version()
+        self.requests = 0
+        self.fallbacks = 0
+        self.tiers: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[svc.CompileResult]] = {}
+        self._outbox: queue.Queue[svc.CompileRequest | None] | None = None
+        self._channel: grpc.Channel | None = None
+        self._retry_at = 0.0
+        self._warned = False
+
+    # -- the interface ------------------------------------------------------------------------------
+    def compile(self, job: CompileJob, priority: int = svc.BLOCKING) -> Compiled:
+        request = compile_request(job, background=priority == svc.BACKGROUND)
+        future = self.submit(request)
+        try:
+            result = future.result(timeout=ANSWER_DEADLINE_S)
+        except DaemonUnavailable as e:
+            return self._compile_here(job, str(e))
+        except FutureTimeout:
+            self.cancel(request.id)
+            why = f"the compile daemon did not answer within {ANSWER_DEADLINE_S:.0f} s"
+            return self._compile_here(job, why)
+        compiled = self._answer(result, job.key)
+        if isinstance(compiled, str):
+            return self._compile_here(job, compiled)
+        if job.debug is not None and job.options.emit_debug_info:
+            # ours: the daemon never shares one client's
+            compiled.executable.debug.graph.CopyFrom(job.debug)
+        return compiled
+
+    shared = True
+
+    def compile_async(self, job: CompileJob) -> Future[Compiled]:
+        """At BACKGROUND priority: the daemon runs it after every blocking compile. If the
+        daemon cannot be reached, it compiles here in the background instead."""
+        out: Future[Compiled] = Future()
+        try:
+            key = job.key
+        except Exception as e:  # noqa: BLE001  (a malformed graph: its error, as in process)
+            out.set_exception(e)
+            return out
+
+        def here(why: str) -> None:
+            self.fallbacks += 1
+            self._warn(f"compiling in process: {why}")
+            local = self.local.compile_async(job)
+            local.add_done_callback(lambda g: _pass_on(g, out))
+
+        def answered(f: Future[svc.CompileResult]) -> None:
+            try:
+                compiled = self._answer(f.result(), key)
+            except DaemonUnavailable as e:
+                here(str(e))
+            except Exception as e:  # noqa: BLE001  (cancelled, or the graph's error)
+                out.set_exception(e)
+            else:
+                if isinstance(compiled, str):
+                    here(compiled)
+                else:
+                    out.set_result(compiled)
+
+        self.submit(compile_request(job, background=True)).add_done_callback(answered)
+        return out
+
+    def _answer(self, result: svc.CompileResult, key: str) -> Compiled | str:
+        """The answer's executable and this request's wait for it; or why to compile here
+        instead (the daemon could not do it, or sent a damaged or wrong executable); or the
+        graph's own error, raised."""
+        if result.WhichOneof("outcome") == "error":
+            if result.error.error_class in _COMPILE_HERE:
+                return result.error.message or svc.ErrorClass.Name(result.error.error_class)
+            if result.error.error_class == svc.OUT_OF_DEVICE_MEMORY:
+                raise compiler.GraphTooLargeError(result.error.message)
+            raise compiler.CompileError(result.error.message)
+        exe = self.executable(result, key)
+        if exe is None:
+            return "the daemon sent a damaged or wrong executable"
+        return Compiled(exe, result.modelled_seconds_waited, self._tier(result.tier))
+
+    def _tier(self, tier: svc.CacheTier) -> Tier:
+        """Counts the daemon's tier of an answer (client.tiers, by the daemon's names)."""
+        name = svc.CacheTier.Name(tier)
+        self.tiers[name] = self.tiers.get(name, 0) + 1
+        return _TIERS.get(tier, Tier.UNSPECIFIED)
+
+    def cancel(self, request_id: int) -> None:
+        """Withdraws a request: the daemon drops its part in the job (and the job, if no one
+        else waits for it)."""
+        with self._lock:
+            future = self._pending.pop(request_id, None)
+            outbox = self._outbox
+        if future is not None:
+            future.cancel()
+        if outbox is not None:
+            outbox.put(svc.CompileRequest(id=request_id, cancel=True))
+
+    def submit(self, request: svc.CompileRequest) -> Future[svc.CompileResult]:
+        """Sends a request on the stream; the future fails with DaemonUnavailable if the
+        daemon cannot be reached or the stream breaks before the answer."""
+        future: Future[svc.CompileResult] = Future()
+        with self._lock:
+            outbox = self._connect()
+            if outbox is None:
+                future.set_exception(DaemonUnavailable(f"no compile daemon at {self.address}"))
+                return future
+            request.id = next(self._ids)
+            self._pending[request.id] = future
+            self.requests += 1
+        outbox.put(request)
+        return future
+
+    # -- the stream -------------------------------------------------------------------------------
+    def _connect(self) -> queue.Queue[svc.CompileRequest | None] | None:
+        if self._outbox is not None:
+            return self._outbox
+        if time.monotonic() < self._retry_at:
+            return None
+        self._retry_at = time.monotonic() + RECONNECT_AFTER_S
+        try:
+            info = self._find_daemon()
+        except ConfigError as e:  # (squatted or unsafe socket directory): never the op's error
+            self._warn(f"compiling in process: {e}")
+            self._retry_at = float("inf")
+            return None
+        except Exception as e:  # noqa: BLE001  (a daemon that would not start, a broken
+            # socket...: compiling here is always possible; no op fails for the daemon)
+            self._warn(f"compiling in process: the compile daemon is unavailable: {e}")
+            return None
+        if info is None:
+            return None
+        if not _same_version(info, self.version):
+            self._warn(
+                f"the compile daemon at {self.address} runs compiler {info.compiler_version}, this "
+                f"process {self.version}: compiling in process (restart the daemon to share it)"
+            )
+            self._retry_at = float("inf")
+            return None
+        # Executables of large graphs run to many MB: take what the daemon may send.
+        self._channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
+        )
+        outbox: queue.Queue[svc.CompileRequest | None] = queue.Queue()
+        responses = svc_grpc.CompileServiceStub(self._channel).Compile(self._requests(outbox))
+        threading.Thread(
+            target=self._read, args=(responses,), name="trnsim-compile-stream", daemon=True
+        ).start()
+        self._outbox = outbox
+        return outbox
+
+    def _find_daemon(self) -> svc.GetInfoResponse | None:
+        if not self.auto_start:
+            return launcher.get_info(
+                self.address, version=self.version, fmt=compiler.FORMAT_VERSION
+            )
+        info = launcher.ensure_daemon(self.address)
+        if info is not None and not _same_version(info, self.version):
+            # The user's own auto-started daemon from an older installation: replace it
+            # (its clients fall back to compiling in process meanwhile; nothing fails).
+            info = launcher.replace_daemon(self.address, info)
+        return info
+
+    @staticmethod
+    def _requests(outbox: queue.Queue[svc.CompileRequest | None]):  # type: ignore[no-untyped-def]
+        while True:
+            request = outbox.get()
+            if request is None:
+                return
+            yield request
+
+    def _read(self, responses: grpc.Future) -> None:
+        try:
+            for result in responses:
+                with self._lock:
+                    future = self._pending.pop(result.id, None)
+                if future is not None:
+                    future.set_result(result)
+        except grpc.RpcError as e:
+            log.debug("compile stream ended: %s", e)
+        self._lost("the compile daemon went away")
+
+    def _lost(self, why: str) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            if self._outbox is not None:
+                self._outbox.put(None)
+            self._outbox = None
+            channel, self._channel = self._channel, None
+            self._retry_at = time.monotonic() + RECONNECT_AFTER_S
+        for future in pending.values():
+            future.set_exception(DaemonUnavailable(why))
+        if channel is not None:
+            channel.close()
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def executable(self, result: svc.CompileResult, key: str) -> executable_pb2.Executable | None:
+        """The executable a result carries, if it is intact and is the one for `key` (the
+        key this process computed for its graph): else None."""
+        if result.WhichOneof("outcome") != "executable" or not blob_ok(result.executable, key):
+            return None
+        try:
+            exe = executable_pb2.Executable.FromString(result.executable.data)
+        except DecodeError:
+            return None
+        if (
+            exe.cache_key != key
+            or exe.format_version != compiler.FORMAT_VERSION
+            or exe.compiler_version != self.version
+        ):
+            return None
+        return exe
+
+    def _compile_here(self, job: CompileJob, why: str) -> Compiled:
+        self.fallbacks += 1
+        self._warn(f"compiling in process: {why}")
+        return self.local.compile(job)
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"trnsim: {message}", RuntimeWarning, stacklevel=4)
+        log.debug("%s", message)
+
+    def close(self) -> None:
+        self._lost("closed")
+        self.local.close()
+
+    def cached(self, key: str) -> Compiled | None:
+        channel = self._channel
+        if channel is None:
+            return None
+        request = svc.LookupRequest(
+            cache_keys=[key], compiler_version=self.version, format_version=compiler.FORMAT_VERSION
+        )
+        try:
+            (entry,) = (
+                svc_grpc.CompileServiceStub(channel)
+                .Lookup(request, timeout=LOOKUP_DEADLINE_S)
+                .entries
+            )
+        except (grpc.RpcError, ValueError) as e:  # (a slow or dead daemon: compile as usual)
+            log.debug("Lookup: %s", e)
+            return None
+        if not entry.found:
+            return None
+        exe = self.executable(svc.CompileResult(executable=entry.executable), key)
+        if exe is None:
+            return None
+        return Compiled(exe, 0.0, self._tier(entry.tier))  # (fetched: nothing compiled for it)
+
+    def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
+        channel = self._channel
+        if channel is None or not missed:
+            return None
+        request = svc.NearestRequest()
+        for key, parts in missed[:256]:
+            item = request.missed.add(cache_key=key)
+            for p in parts:
+                item.parts.add(name=p.name, digest=p.digest, text=p.text)
+        try:
+            answers = (
+                svc_grpc.CompileServiceStub(channel)
+                .Nearest(request, timeout=NEAREST_DEADLINE_S)
+                .answers
+            )
+        except grpc.RpcError as e:  # (an older daemon, a dead one: explain() compares locally)
+            log.debug("Nearest: %s", e)
+            return None
+        return [
+            (a.nearest_key, [compiler.KeyPart(p.name, p.digest, p.text) for p in a.nearest_parts])
+            if a.nearest_key
+            else None
+            for a in answers
+        ]
+
+
+def _same_version(info: svc.GetInfoResponse, version: str) -> bool:
+    return info.compiler_version == version and info.format_version == compiler.FORMAT_VERSION
+
+
+def compile_request(job: CompileJob, background: bool = False) -> svc.CompileRequest:
+    request = svc.CompileRequest(
+        priority=svc.BACKGROUND if background else svc.BLOCKING,
+        graph=job.graph,
+        target=job.target,
+        options=job.options,
+        compiler_version=compiler.compiler_version(),
+        format_version=compiler.FORMAT_VERSION,
+    )
+    if job.debug is not None:
+        request.debug.CopyFrom(job.debug)
+    return request
+
+
+def _pass_on(source: Future[Compiled], target: Future[Compiled]) -> None:
+    try:
+        target.set_result(source.result())
+    except Exception as e:  # noqa: BLE001  (the compile's error, whatever it is)
+        target.set_exception(e)
+
+
+def make_client() -> CompileClient:
+    """NEURON_COMPILE_DAEMON: unset/auto = the host's daemon (started if none answers),
+    off = in process, anything else = that daemon's address."""
+    setting = env.compile_daemon()
+    if setting == "off":
+        return InProcessCompileClient()
+    if setting == "auto":
+        return DaemonCompileClient(default_address(env.sim_node()), auto_start=True)
+    address = setting if setting.startswith("unix:") or ":" in setting else f"unix:{setting}"
+    return DaemonCompileClient(address, auto_start=False)

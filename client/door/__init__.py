@@ -1,0 +1,1 @@
+"""The one PrivateUse1 door: every ATen op on a neuron tensor enters kernel.py; the ops handled on their own (special.py), sparse tensors, SDPA's backend choice and the Meta kernels the device adds."""

@@ -1,0 +1,1 @@
+"""The three modes, siblings over the door's entries: eager (one op now), adaptive (recorded graphs, fused in the background) and compiled (torch.compile regions), the last two over one recording buffer (tape.py, recording.py)."""

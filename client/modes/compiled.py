@@ -1,0 +1,404 @@
+"""Compiled mode: `torch.compile(model, backend="neuron")`.
+
+Dynamo captures the Python; AOTAutograd (torch._functorch) lowers each captured graph to a
+functionalized ATen forward graph and, when gradients are needed, a backward graph. Each of
+those runs as one compiled region (client/modes/region.py): its ops are recorded whole by the
+region recorder (beside adaptive mode's, over the same buffer: client/modes/tape.py), the region
+is compiled at the fused level (-O2) through the same compile client — so the daemon
+dedupes and caches it across processes — and launched once per call.
+
+What the compiler cannot take splits the region: an op with a data-dependent output shape
+or one the compiler does not fuse runs on its own, eagerly, and the rest goes on; dynamo's
+own graph breaks leave the Python between graphs to run in the process's eager mode. A
+region compiles on its first call (its ops get no executables of their own) and the fused
+run checks each output against the metadata the graph was traced with.
+
+Dynamic sizes (dynamic=True, mark_dynamic, or dynamo's own after a size changes) run in
+buckets (policy/buckets.py): the first size in a bucket compiles the graph traced at
+the bucket's sizes, and that executable runs every size in it, computed at the real size
+and timed as the bucket (simulator/execute.py LoadedExecutable.at_size). A graph that
+does not stay one region at the bucket's sizes compiles per size instead.
+
+Dynamo recompiles a function when its guards fail (a new shape, a new dtype...); the
+reasons are kept per function and shown by `explain()` (`torch.neuron.compiled_explain()`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from trnsim.client.core import env, errors, runtime
+from trnsim.client.core.notes import NOTES
+from trnsim.client.modes.region import Bound, compiled_region
+from trnsim.policy import buckets
+from trnsim.simulator import execute
+
+NAME = "neuron"
+log = logging.getLogger(__name__)
+_BUCKETS = buckets.parse(env.shape_buckets())
+
+# AOTAutograd's decompositions: none. The chip's compiler takes ATen's ops as they are
+# (its op table classifies each onto an engine), and the executor runs each with the CPU's
+# own kernel, so a compiled region computes what its ops compute in eager mode, op for op
+# (where AOTAutograd's graph holds other ops than eager dispatch meets, results differ as
+# PyTorch's own aot_eager backend's do on the CPU).
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
+
+
+def _numpy_random_as_in_eager() -> None:
+    """numpy.random calls in compiled code draw from numpy's own stream (dynamo's default
+    traces them into torch's generator): a compiled step then draws what the eager one does
+    (transformers' wav2vec2 masks time steps with numpy.random)."""
+    import torch._dynamo.config
+
+    torch._dynamo.config.use_numpy_random_stream = True
+
+
+_numpy_random_as_in_eager()
+
+
+def _region(
+    kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, draws: bool
+) -> Callable[[list[Any]], Any]:
+    """The callable AOTAutograd runs for one of its graphs: the graph's ops as one region.
+    With symbolic sizes, each call runs in its sizes' bucket: the bucket's executable is
+    compiled once, from the graph traced at the bucket's sizes, and runs every size in it."""
+    _source_lines(gm)
+    run_graph = gm.forward
+    executables: dict[tuple[int, ...], Any] = {}  # bounds -> its executable, or None
+
+    def run(args: list[Any]) -> Any:
+        flat = list(args)
+        args.clear()  # (boxed convention: the graph owns its inputs from here)
+        rt = runtime.get()
+        rt.count("compiled_calls")
+        bound = None
+        if sizes is not None and not _BUCKETS.exact:
+            bounds = tuple(_BUCKETS.bound(v) for v in sizes.values(flat))
+            if bounds not in executables:
+                executables[bounds] = _compile_bucket(
+                    rt, kind, run_graph, sizes, flat, bounds, draws
+                )
+            if executables[bounds] is not None:
+                bound = Bound(executables[bounds])
+        with compiled_region(rt, bound, draws):
+            return run_graph(*flat)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    run.__name__ = f"neuron_{kind}"
+    return run
+
+
+def _compile_bucket(
+    rt: runtime.Runtime,
+    kind: str,
+    run_graph: Callable[..., Any],
+    sizes: _SymbolicSizes,
+    real: list[Any],
+    bounds: tuple[int, ...],
+    draws: bool,
+) -> execute.LoadedExecutable | None:
+    """The bucket's executable: the graph traced at the bucket's sizes (over stand-ins for
+    the inputs it could write) and compiled, nothing run. None: it cannot be one executable
+    (the trace is cut, or fails at those sizes); its sizes then compile one by one."""
+    at = dict(zip(sizes.symbols, bounds, strict=True))
+    where = ", ".join(
+        f"{name}={v}->{b}"
+        for name, v, b in zip(sizes.names, sizes.values(real), bounds, strict=True)
+    )
+    bound = Bound(compile_only=True)
+    try:
+        stand_ins = sizes.stand_ins(real, at)
+        with compiled_region(rt, bound, draws):
+            held = run_graph(*stand_ins)  # (its outputs are the graph's: alive at the flush)
+        del held
+    except Exception as e:  # noqa: BLE001  (the real sizes still run, compiled one by one)
+        bound.cut = bound.cut or f"{type(e).__name__}: {e}"
+    if bound.cut or bound.executable is None:
+        rt.count("compiled_buckets_refused")
+        NOTES.buckets.append(f"{kind} graph: {where}: no bucket ({bound.cut or 'no ops'})")
+        return None
+    NOTES.buckets.append(f"{kind} graph: {where}: bucket compiled")
+    return bound.executable
+
+
+def _draws_in_order(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph's draws from the CPU's generator all come from device ops, which
+    the region records and runs in order at its end: no random op of it runs on the CPU
+    (that one would draw when called, ahead of the recorded ones)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if torch.Tag.nondeterministic_seeded not in target.tags:
+            continue
+        value = node.meta.get("val")
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if not any(isinstance(v, torch.Tensor) and v.device.type == NAME for v in values):
+            return False
+    return True
+
+
+def _source_lines(gm: torch.fx.GraphModule) -> None:
+    """Names the user's line for each line of the graph's generated code (its node's
+    stack trace), so errors and profiles of a compiled region point at the user's program."""
+    import linecache
+    import re
+
+    realize = getattr(gm, "real_recompile", None)  # (a lazy graph module generates it now)
+    if realize is not None:
+        realize()
+    filename = gm.forward.__code__.co_filename
+    nodes = {n.name: n for n in gm.graph.nodes}
+    lines: dict[int, tuple[str, int, str]] = {}
+    for k, text in enumerate(linecache.getlines(filename), start=1):
+        assigned = re.match(r"\s+(\w+) = ", text)
+        node = nodes.get(assigned.group(1)) if assigned else None
+        trace = node.meta.get("stack_trace") if node is not None else None
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', trace or "")
+        if frames:
+            lines[k] = (frames[-1][0], int(frames[-1][1]), frames[-1][2])
+    errors.GENERATED[filename] = lines
+
+
+class _SymbolicSizes:
+    """A graph's inputs whose sizes are symbolic (dynamic=True, mark_dynamic): where each
+    symbol's value is read from a real call, and each input's sizes at other values."""
+
+    def __init__(self, example_inputs: Sequence[Any], mutated: set[int]) -> None:
+        import sympy  # type: ignore[import-untyped]
+
+        self.exprs: list[Any] = []  # per input: None (static), an int expr, or (sizes, strides)
+        found: dict[Any, tuple[int, int | None]] = {}  # symbol -> (input, dim or None)
+        free: set[Any] = set()
+        for i, e in enumerate(example_inputs):
+            if isinstance(e, torch.SymInt):
+                expr = e.node.expr
+                self.exprs.append(expr)
+                free |= expr.free_symbols
+                if isinstance(expr, sympy.Symbol):
+                    found.setdefault(expr, (i, None))
+            elif isinstance(e, torch.Tensor) and (
+                any(isinstance(d, torch.SymInt) for d in (*e.shape, *e.stride())) or i in mutated
+            ):
+                shape = [_expr(d) for d in e.shape]
+                stride = [_expr(d) for d in e.stride()]
+                self.exprs.append((shape, stride, e.dtype, e.device))
+                for d, expr in enumerate(shape):
+                    if isinstance(expr, sympy.Symbol):
+                        found.setdefault(expr, (i, d))
+                for expr in (*shape, *stride):
+                    free |= getattr(expr, "free_symbols", set())
+            else:
+                self.exprs.append(None)
+        self.symbols = sorted(free, key=str)
+        self.names = [str(sym) for sym in self.symbols]
+        self.readable = free <= set(found)  # every symbol appears bare somewhere
+        self.where = [found.get(sym) for sym in self.symbols]
+
+    def values(self, args: list[Any]) -> tuple[int, ...]:
+        out = []
+        for i, d in self.where:  # type: ignore[misc]
+            out.append(int(args[i]) if d is None else int(args[i].shape[d]))
+        return tuple(out)
+
+    def stand_ins(self, args: list[Any], at: dict[Any, int]) -> list[Any]:
+        """The inputs at the bucket's sizes: new empty tensors for the symbolic and the
+        written ones, the others as they are (a trace reads nothing)."""
+        out: list[Any] = []
+        for arg, expr in zip(args, self.exprs, strict=True):
+            if expr is None:
+                out.append(arg)
+            elif isinstance(expr, tuple):
+                shape, stride, dtype, device = expr
+                out.append(
+                    torch.empty_strided(
+                        [_value(x, at) for x in shape],
+                        [_value(x, at) for x in stride],
+                        dtype=dtype,
+                        device=arg.device if isinstance(arg, torch.Tensor) else device,
+                    )
+                )
+            else:
+                out.append(_value(expr, at))
+        return out
+
+
+def _expr(d: Any) -> Any:
+    return d.node.expr if isinstance(d, torch.SymInt) else int(d)
+
+
+def _value(expr: Any, at: dict[Any, int]) -> int:
+    if isinstance(expr, int):
+        return expr
+    import sympy  # type: ignore[import-untyped]
+
+    value = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in at.items()})
+    if not value.is_Integer:
+        raise ValueError(f"{expr} is not a whole number at {at}")
+    return int(value)
+
+
+def _symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], draws: bool) -> Any:
+    """The graph's symbolic sizes, or None: none (static shapes), bucketing turned off
+    (NEURON_SHAPE_BUCKETS=exact), a symbol no input carries bare, or a graph a trace at
+    the bucket's sizes could not leave without effects (a CPU random op would draw, a
+    collective would reach the other ranks): those compile per size."""
+    if _BUCKETS.exact or not any(
+        isinstance(e, torch.SymInt)
+        or (isinstance(e, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in e.shape))
+        for e in example_inputs
+    ):
+        return None
+    if not draws or any(
+        str(getattr(n.target, "namespace", "")).startswith("_c10d") for n in gm.graph.nodes
+    ):
+        return None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(placeholders)}
+    mutated = set()
+    for node in gm.graph.nodes:  # (functionalized: inputs are written by copy_ at the end)
+        target = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and target is not None and target.is_mutable:
+            for a in node.args:
+                if a in index:
+                    mutated.add(index[a])
+    sizes = _SymbolicSizes(example_inputs, mutated)
+    return sizes if sizes.readable and sizes.symbols else None
+
+
+def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        rt = runtime.get()
+        rt.count(f"compiled_{kind}_graphs")
+        draws = _draws_in_order(gm)
+        return _region(kind, gm, _symbolic_sizes(gm, example_inputs, draws), draws)
+
+    return compile_graph
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """The dynamo backend "neuron" (entry point torch_dynamo_backends)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    rt = runtime.get()
+    rt.count("compiled_dynamo_graphs")
+    _note_frame()
+    masked = _boolean_mask_indexing(gm)
+    if masked:
+        # AOTAutograd traces such a graph's backward (IndexPutBackward: a nonzero of the
+        # mask) on fake tensors in the autograd engine's device thread, where a Python
+        # backend's data-dependent shape is lost as an error and can abort the process.
+        _eager(rt, f"boolean-mask indexing at {masked}")
+        return gm.forward
+    lower = aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        decompositions=DECOMPOSITIONS,
+        keep_inference_input_mutations=True,
+    )
+    try:
+        # (node metadata kept through AOTAutograd's trace: each ATen node carries the user's
+        # source line, which the recorder and the profiler show)
+        with torch.fx.traceback.preserve_node_meta():
+            return lower(gm, example_inputs, **kwargs)
+    except torch._dynamo.exc.TorchDynamoException:
+        raise  # dynamo's own control flow (restarting its analysis, skipping a frame...)
+    except Exception as e:  # noqa: BLE001  (never the user's step: this graph runs eagerly)
+        first = str(e).splitlines()[0][:200] if str(e) else ""
+        _eager(rt, f"{type(e).__name__}: {first}")
+        return gm.forward
+
+
+def _note_frame() -> None:
+    """Remembers, for the code dynamo is compiling, the nn.Module it runs for (its `self`,
+    or the first argument of a wrapper around a forward) and the user's line that called it
+    (the last compile's: a recompile's)."""
+    import inspect
+
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
+    if tx is None:
+        return
+    frames = NOTES.frames  # (dynamo names the code: a decorator's wrapper, or its own)
+    if tx.f_code in frames:
+        frames[tx.f_code]["called_at"] = errors.script_location()
+        return
+    scope = tx.f_locals
+    owner = scope.get("self")
+    if not isinstance(owner, torch.nn.Module):
+        args = scope.get("args")
+        owner = args[0] if isinstance(args, tuple) and args else None
+    note = {"called_at": errors.script_location()}
+    if isinstance(owner, torch.nn.Module):
+        cls = type(owner)
+        forward = inspect.unwrap(cls.forward)
+        code = getattr(forward, "__code__", None)
+        where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+        note["module"] = f"{cls.__qualname__}.forward{where}"
+    frames[tx.f_code] = note
+
+
+def _eager(rt: runtime.Runtime, why: str) -> None:
+    """A graph that runs in the process's eager mode instead of compiled (counted, said
+    once): dynamo's captured graph itself, called op by op."""
+    rt.count("compiled_fallbacks")
+    NOTES.eager_fallbacks.append(why)
+    if len(NOTES.eager_fallbacks) == 1:
+        log.warning(
+            "torch.compile(backend='neuron'): a graph runs in the eager mode instead (%s); "
+            "counter compiled_fallbacks, reasons in torch.neuron.compiled_explain()",
+            why,
+        )
+
+
+def _boolean_mask_indexing(gm: torch.fx.GraphModule) -> str:
+    """Where the graph indexes a tensor with a boolean mask (x[mask], x[mask] = v) and
+    needs its gradient: the source line, or "" if it does not."""
+    import operator
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (operator.getitem, operator.setitem):
+            continue
+        args = node.args
+        if len(args) < 2:
+            continue
+        base, index = args[0], args[1]
+        base_value = getattr(base, "meta", {}).get("example_value")
+        indices = index if isinstance(index, (tuple, list)) else (index,)
+        for i in indices:
+            value = getattr(i, "meta", {}).get("example_value")
+            if (
+                isinstance(value, torch.Tensor)
+                and value.dtype == torch.bool
+                and isinstance(base_value, torch.Tensor)
+                and base_value.requires_grad
+            ):
+                return str(node.meta.get("stack_trace", "")).strip().splitlines()[-2:][0].strip()
+    return ""
+
+
+def explain() -> list[dict[str, Any]]:
+    """Why compiled functions recompiled: for each one dynamo recompiled, its name, file and
+    line, and the guard failures that caused each recompile (dynamo's own reasons); then
+    each graph that runs in the eager mode instead of compiled, and why."""
+    from torch._dynamo.utils import guard_failures
+
+    out: list[dict[str, Any]] = [{"eager_fallback": why} for why in NOTES.eager_fallbacks]
+    out += [{"shape_bucket": what} for what in NOTES.buckets]
+    for code, reasons in guard_failures.items():
+        out.append(
+            {
+                "function": code.co_name,
+                "where": f"{code.co_filename}:{code.co_firstlineno}",
+                **NOTES.frames.get(code, {}),
+                "recompiles": len(reasons),
+                "reasons": [str(r) for r in reasons],
+            }
+        )
+    return out
