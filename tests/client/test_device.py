@@ -19,9 +19,10 @@ def test_bare_import_torch_registers_neuron():
     assert out.stdout.split() == ["neuron:0", "True"]
 
 
-@pytest.mark.parametrize("first", ["shapes", "registry", "adaptive", "kernel"])
+@pytest.mark.parametrize("first", ["core.shapes", "api.registry", "modes.adaptive", "door.kernel"])
 def test_a_program_may_import_a_client_module_before_torch(first):
-    code = f"from trnsim.client import {first}; import torch; print(torch.ones(2, device='neuron').sum().item())"
+    floor, module = first.split(".")
+    code = f"from trnsim.client.{floor} import {module}; import torch; print(torch.ones(2, device='neuron').sum().item())"
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "2.0", out.stderr[-2000:]
 
