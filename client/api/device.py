@@ -18,6 +18,7 @@ from trnsim.simulator.memory import format_bytes
 if TYPE_CHECKING:
     from trnsim.client.api.explain import Report
     from trnsim.client.core import profiler
+    from trnsim.client.modes.compiled import Explained
     from trnsim.compiler.graph import KernelCost
 
 
@@ -460,7 +461,7 @@ def _traffic_rows(m: dict[str, int], ms: dict[str, float]) -> list[tuple[str, st
     ]
 
 
-def compiled_explain() -> list[dict[str, Any]]:
+def compiled_explain() -> list[Explained]:
     """Why torch.compile(backend="neuron") recompiled: per function, the guard failures."""
     from trnsim.client.modes import compiled
 
