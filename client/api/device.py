@@ -221,7 +221,7 @@ def get_per_process_memory_fraction(device: DeviceLike | None = None) -> float:
     return rt.memory.memory_limit() / rt.memory.memory_capacity()
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
+def memory_snapshot() -> list[dict[str, object]]:
     """The allocator's segments and their blocks (torch.cuda.memory_snapshot's layout;
     addresses are offsets in the core's simulated HBM)."""
     return _flushed().memory.memory_snapshot()
