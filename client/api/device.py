@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from trnsim.client.api import streams
@@ -357,7 +357,7 @@ def metrics() -> dict[str, int]:
     return runtime.get().snapshot()
 
 
-def register_kernel(op: Any, cost: Callable[..., KernelCost]) -> None:
+def register_kernel(op: object, cost: Callable[..., KernelCost]) -> None:
     """Makes a torch.library.custom_op one neuron kernel with a declared cost (client/api/kernels.py)."""
     from trnsim.client.api import kernels
 
