@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import torch
+from trnsim.client.core.types import Op, OpValue
 
 # CUDA's lower_precision_fp list (aten/src/ATen/autocast_mode.cpp), ops that exist as aten ops.
 LOWER_PRECISION = [
@@ -114,7 +114,7 @@ FLOAT32 = [
 _AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
+def _cast(value: OpValue, dtype: torch.dtype) -> OpValue:
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() and value.dtype != dtype and value.device.type == "neuron":
             return value.to(dtype)
@@ -124,8 +124,8 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-def _kernel(op: Any, fixed: torch.dtype | None) -> Any:
-    def autocast_kernel(*args: Any, **kwargs: Any) -> Any:
+def _kernel(op: Op, fixed: torch.dtype | None) -> Callable[..., OpValue]:
+    def autocast_kernel(*args: OpValue, **kwargs: OpValue) -> OpValue:
         dtype = fixed or torch.get_autocast_dtype("neuron")
         args = _cast(args, dtype)
         kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
@@ -135,7 +135,7 @@ def _kernel(op: Any, fixed: torch.dtype | None) -> Any:
     return autocast_kernel
 
 
-def _overloads(name: str) -> list[tuple[str, Any]]:
+def _overloads(name: str) -> list[tuple[str, Op]]:
     base, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:

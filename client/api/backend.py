@@ -6,12 +6,16 @@ import functools
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import NoReturn
 
 import torch
+from torch.serialization import STORAGE
+from trnsim.client.core.types import Op, OpValue
 
-_state: dict[str, Any] = {}
+_state: dict[str, object] = {}  # what registering made, kept alive (libraries, hooks)
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):  # type: ignore[misc,name-defined]
@@ -26,11 +30,12 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):  # type: ignore[misc,name-defined]
 
 
 class _Guard(torch._C._acc.DeviceGuard):  # type: ignore[misc,name-defined]
-    def type_(self) -> Any:
+    def type_(self) -> torch._C._autograd.DeviceType:  # type: ignore[override]
+        # (the C++ guard takes the DeviceType; torch's stub names a device's other forms)
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
-def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+def _fallback(op: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
     if "direct" not in _state:
         _register_direct_kernels()
     refused = _refused.get(op)
@@ -43,7 +48,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     return kernel(op, *args, **kwargs)
 
 
-_refused: dict[Any, bool] = {}  # op -> whether it has a CPU kernel only (_cpu_only)
+_refused: dict[Op, bool] = {}  # op -> whether it has a CPU kernel only (_cpu_only)
 
 
 def _cpu_only(name: str) -> bool:
@@ -116,7 +121,7 @@ def _register_direct_kernels() -> None:
         base, _, overload = name[len("aten::") :].partition(".")
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
 
-        def direct(*args: Any, _op: Any = op, **kwargs: Any) -> Any:
+        def direct(*args: OpValue, _op: Op = op, **kwargs: OpValue) -> OpValue:
             return kernel(_op, *args, **kwargs)
 
         lib.impl(name[len("aten::") :], direct, "PrivateUse1")
@@ -148,7 +153,7 @@ def _register_early_kernels() -> torch.library.Library:
 _COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
-def _to_copy(self: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+def _to_copy(self: torch.Tensor, **kwargs: OpValue) -> torch.Tensor:
     """PyTorch's composite, except a non_blocking copy to the CPU: the composite would put it
     in pinned memory through the PrivateUse1 hooks' pinned allocator, which a Python backend
     cannot provide. Here the destination is pinned memory of client/core/pinned.py, and the copy
@@ -174,7 +179,7 @@ def _to_copy(self: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     return out.copy_(self, non_blocking=True)
 
 
-def _tag(obj: Any) -> str | None:
+def _tag(obj: STORAGE) -> str | None:
     return (
         "neuron"
         if getattr(obj, "device", None) is not None and obj.device.type == "neuron"
@@ -182,7 +187,7 @@ def _tag(obj: Any) -> str | None:
     )
 
 
-def _restore(obj: Any, location: str) -> Any:
+def _restore(obj: STORAGE, location: str) -> STORAGE | None:
     """torch.load: storages saved from neuron (or map_location="neuron") come back on it."""
     if not location.startswith("neuron"):
         return None
@@ -217,7 +222,7 @@ INDUCTOR_MESSAGE = (
 
 
 class _NoInductorScheduling:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise RuntimeError(INDUCTOR_MESSAGE)
 
 
@@ -225,7 +230,7 @@ class _NoInductorWrapper:
     supports_caching = False
 
     @staticmethod
-    def create(*args: Any, **kwargs: Any) -> Any:
+    def create(*args: object, **kwargs: object) -> NoReturn:
         raise RuntimeError(INDUCTOR_MESSAGE)
 
 
@@ -251,7 +256,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, name: str, then: Callable[[], None]) -> None:
         self.name, self.then = name, then
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname != self.name:
             return None
         sys.meta_path.remove(self)
@@ -260,7 +267,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return spec
         run_module = spec.loader.exec_module
 
-        def exec_module(module: Any) -> None:
+        def exec_module(module: ModuleType) -> None:
             run_module(module)
             self.then()
 
@@ -285,10 +292,10 @@ def register() -> None:
 
     torch._register_device_module("neuron", device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    _state["hooks"] = _Hooks()
-    _state["guard"] = _Guard()
-    torch._C._acc.register_python_privateuseone_hook(_state["hooks"])
-    torch._C._acc.register_python_privateuseone_device_guard(_state["guard"])
+    hooks, guard = _Hooks(), _Guard()
+    _state["hooks"], _state["guard"] = hooks, guard
+    torch._C._acc.register_python_privateuseone_hook(hooks)
+    torch._C._acc.register_python_privateuseone_device_guard(guard)
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
     _state["fallback"] = lib
@@ -296,12 +303,7 @@ def register() -> None:
 
     _state["sparse"] = sparse.register()  # sparse COO and compressed tensors
     _state["early"] = _register_early_kernels()
-    # Like copy_, _copy_from takes conjugate/negative views as they are (the host alias
-    # keeps the bit); materialising them first would call _copy_from again, forever.
-    bits = torch.library.Library("aten", "IMPL")
-    for key in ("Conjugate", "Negative"):
-        bits.impl("_copy_from", torch.library.fallthrough_kernel, key)
-    _state["bits"] = bits
+    _state["bits"] = _copy_from_keeps_math_bits()
     torch.serialization.register_package(11, _tag, _restore)
     after_import("torch._dynamo", skip_in_dynamo)
     from trnsim.client.api import patches  # (every change to PyTorch's own objects)
@@ -336,11 +338,26 @@ def register() -> None:
     _state["autocast"] = autocast.register()
     _state["attention"] = attention.register()  # SDPA's fused backend, as the CPU picks it
     if torch.distributed.is_available():
-        from trnsim.client import distributed
+        _register_distributed()
 
-        distributed.register()  # init_process_group("neuron"), FSDP2, DTensor
-        patches.ddp_refuses_used_parameter_map()  # DDP: a clear error, not an internal one
-        # FSDP2 frees and brings back neuron storages (once FSDP2 is imported: it is slow)
-        after_import(
-            "torch.distributed.fsdp._fully_shard._fsdp_param_group", patches.fsdp_parks_storage
-        )
+
+def _copy_from_keeps_math_bits() -> torch.library.Library:
+    """Like copy_, _copy_from takes conjugate/negative views as they are (the host alias
+    keeps the bit); materialising them first would call _copy_from again, forever."""
+    bits = torch.library.Library("aten", "IMPL")
+    for key in ("Conjugate", "Negative"):
+        bits.impl("_copy_from", torch.library.fallthrough_kernel, key)
+    return bits
+
+
+def _register_distributed() -> None:
+    """The neuron process group and what torch.distributed's wrappers need on neuron."""
+    from trnsim.client import distributed
+    from trnsim.client.api import patches
+
+    distributed.register()  # init_process_group("neuron"), FSDP2, DTensor
+    patches.ddp_refuses_used_parameter_map()  # DDP: a clear error, not an internal one
+    # FSDP2 frees and brings back neuron storages (once FSDP2 is imported: it is slow)
+    after_import(
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group", patches.fsdp_parks_storage
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from trnsim.client.api import streams
@@ -18,6 +18,7 @@ from trnsim.simulator.memory import format_bytes
 if TYPE_CHECKING:
     from trnsim.client.api.explain import Report
     from trnsim.client.core import profiler
+    from trnsim.client.modes.compiled import Explained
     from trnsim.compiler.graph import KernelCost
 
 
@@ -220,7 +221,7 @@ def get_per_process_memory_fraction(device: DeviceLike | None = None) -> float:
     return rt.memory.memory_limit() / rt.memory.memory_capacity()
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
+def memory_snapshot() -> list[dict[str, object]]:
     """The allocator's segments and their blocks (torch.cuda.memory_snapshot's layout;
     addresses are offsets in the core's simulated HBM)."""
     return _flushed().memory.memory_snapshot()
@@ -356,7 +357,7 @@ def metrics() -> dict[str, int]:
     return runtime.get().snapshot()
 
 
-def register_kernel(op: Any, cost: Callable[..., KernelCost]) -> None:
+def register_kernel(op: object, cost: Callable[..., KernelCost]) -> None:
     """Makes a torch.library.custom_op one neuron kernel with a declared cost (client/api/kernels.py)."""
     from trnsim.client.api import kernels
 
@@ -460,7 +461,7 @@ def _traffic_rows(m: dict[str, int], ms: dict[str, float]) -> list[tuple[str, st
     ]
 
 
-def compiled_explain() -> list[dict[str, Any]]:
+def compiled_explain() -> list[Explained]:
     """Why torch.compile(backend="neuron") recompiled: per function, the guard failures."""
     from trnsim.client.modes import compiled
 

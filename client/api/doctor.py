@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 import torch
 from trnsim.client.core import env
@@ -27,11 +27,20 @@ KNOWN = sorted(
 )
 
 
-def _check(name: str, ok: bool, detail: str, fix: str = "") -> dict[str, Any]:
+class Check(TypedDict):
+    """One check's outcome, printed as a JSON line."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str  # what to do ("" when ok)
+
+
+def _check(name: str, ok: bool, detail: str, fix: str = "") -> Check:
     return {"name": name, "ok": ok, "detail": detail, "fix": fix}
 
 
-def check_torch() -> dict[str, Any]:
+def check_torch() -> Check:
     version = torch.__version__.split("+")[0]
     if version != TORCH_VERSION:
         return _check(
@@ -43,7 +52,7 @@ def check_torch() -> dict[str, Any]:
     return _check("torch", True, f"torch {torch.__version__}")
 
 
-def check_device() -> dict[str, Any]:
+def check_device() -> Check:
     fix = (
         "reinstall trnsim (pip install -e . in its checkout): its torch.backends entry point "
         "registers the device on import torch"
@@ -88,7 +97,7 @@ def user_variables() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("NEURON_")}
 
 
-def check_variables(variables: dict[str, str]) -> list[dict[str, Any]]:
+def check_variables(variables: dict[str, str]) -> list[Check]:
     """Each variable checked by the runtime's own reader, with the user's values in place."""
     saved = dict(os.environ)
     os.environ.update(variables)
@@ -99,7 +108,7 @@ def check_variables(variables: dict[str, str]) -> list[dict[str, Any]]:
         os.environ.update(saved)
 
 
-def _check_variable(name: str, value: str) -> dict[str, Any]:
+def _check_variable(name: str, value: str) -> Check:
     if name not in KNOWN and not name.startswith(SDK_PREFIXES):
         near = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.8)
         if near:

@@ -19,15 +19,17 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from trnsim.client.core import env
 from trnsim.client.core.notes import NOTES, PLACEHOLDER, ShapeOnlyWarning, reset
 
 if TYPE_CHECKING:
     from trnsim.client.core.executables import Executables
+    from trnsim.client.modes.compiled import Explained
 
 # Why a recorded graph was cut (policy/boundaries.py, and the callers of Runtime.flush).
 REASONS = {
@@ -51,15 +53,49 @@ NO_USER_LINE = "<unknown>"  # autograd's backward runs on its own thread: no lin
 __all__ = ["PLACEHOLDER", "REASONS", "Report", "ShapeOnlyWarning", "explain", "main", "reset"]
 
 
+# The report's rows, as to_json() gives them.
+class CutRow(TypedDict):
+    reason: str
+    op: str
+    where: str  # file:line
+    function: str
+    count: int
+
+
+class GraphBreakRow(TypedDict):
+    reason: str
+    where: str  # the innermost frame dynamo traced
+    inside: str  # the outermost one
+    count: int
+
+
+class MissRow(TypedDict):
+    name: str
+    ops: int
+    where: str
+    key: str
+    nearest: str  # the nearest cached key ("": none)
+    against: str  # which cache it was compared with
+    differs: list[str]
+
+
+class ShapeOnlyRow(TypedDict):
+    kind: str  # "placeholder" | "assumed" | "computed"
+    op: str
+    what: str
+    where: str
+    count: int
+
+
 @dataclass
 class Report:
-    cuts: list[dict[str, Any]] = field(default_factory=list)
-    graph_breaks: list[dict[str, Any]] = field(default_factory=list)
-    compiled: list[dict[str, Any]] = field(default_factory=list)
-    misses: list[dict[str, Any]] = field(default_factory=list)
-    shape_only: list[dict[str, Any]] = field(default_factory=list)
+    cuts: list[CutRow] = field(default_factory=list)
+    graph_breaks: list[GraphBreakRow] = field(default_factory=list)
+    compiled: list[Explained] = field(default_factory=list)
+    misses: list[MissRow] = field(default_factory=list)
+    shape_only: list[ShapeOnlyRow] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Sequence[Mapping[str, object]]]:
         return {
             "cuts": self.cuts,
             "graph_breaks": self.graph_breaks,
@@ -124,7 +160,7 @@ class Report:
         return "\n".join(lines)
 
 
-def _misses_table(misses: list[dict[str, Any]]) -> list[str]:
+def _misses_table(misses: list[MissRow]) -> list[str]:
     """The misses whose program a cached key runs too, each with what differed (the telling
     ones: other shapes, dtypes, options...); the others, new programs, in one line."""
     known = [m for m in misses if m["nearest"] and not _new_program(m)]
@@ -147,15 +183,15 @@ def _misses_table(misses: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _new_program(miss: dict[str, Any]) -> bool:
+def _new_program(miss: MissRow) -> bool:
     return any(d.startswith("program:") for d in miss["differs"])
 
 
-def _against(misses: list[dict[str, Any]]) -> str:
+def _against(misses: list[MissRow]) -> str:
     return misses[0]["against"] if misses else "the cache"
 
 
-def _graph_breaks() -> list[dict[str, Any]]:
+def _graph_breaks() -> list[GraphBreakRow]:
     """Dynamo's graph breaks by reason and by the line where each happened (the innermost
     frame dynamo was tracing) and the outermost frame of that trace."""
     dynamo = sys.modules.get("torch._dynamo.utils")
@@ -178,23 +214,23 @@ def explain() -> Report:
 
     with NOTES.quiet():
         runtime.get().flush("sync")
-    cuts = [
+    cuts: list[CutRow] = [
         {"reason": r, "op": op, "where": f"{path}:{line}", "function": fn, "count": n}
         for (r, op, path, line, fn), n in NOTES.cuts.most_common()
     ]
-    compiled: list[dict[str, Any]] = []
+    compiled: list[Explained] = []
     if "trnsim.client.modes.compiled" in sys.modules:
         from trnsim.client.modes import compiled as compiled_mode
 
         compiled = compiled_mode.explain()
-    shape_only = [
+    shape_only: list[ShapeOnlyRow] = [
         {"kind": kind, "op": op, "what": what, "where": f"{path}:{line}", "count": n}
         for (kind, op, what, path, line), n in NOTES.shape_only.most_common()
     ]
     return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get().executables), shape_only)
 
 
-def _misses(executables: Executables) -> list[dict[str, Any]]:
+def _misses(executables: Executables) -> list[MissRow]:
     """Each compile that missed every cache, with the parts of its key that differ from the
     nearest key cached before it: the daemon's (it answers a Nearest query), or without a
     daemon the nearest of this process's earlier compiles."""
@@ -211,7 +247,7 @@ def _misses(executables: Executables) -> list[dict[str, Any]]:
             compiler.nearest(mine, [c for c in parts[:i] if c[0] != key])
             for i, (key, mine) in enumerate(parts)
         ]
-    out = []
+    out: list[MissRow] = []
     for m, (_, mine), near in zip(misses, parts, answers, strict=True):
         out.append(
             {

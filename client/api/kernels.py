@@ -21,10 +21,10 @@ Without register_kernel, PyTorch runs a custom op's Python body on neuron tensor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from trnsim.client.core.kernel_costs import declare_cost
+from trnsim.client.core.types import OpValue
 from trnsim.client.door import kernel
 from trnsim.compiler.graph import KernelCost
 
@@ -33,7 +33,7 @@ __all__ = ["KernelCost", "register_kernel"]
 _LIBS: list[torch.library.Library] = []
 
 
-def register_kernel(op: Any, cost: Callable[..., KernelCost]) -> None:
+def register_kernel(op: object, cost: Callable[..., KernelCost]) -> None:
     """Makes a custom op one neuron kernel priced by `cost(*args, **kwargs)`."""
     overload = getattr(op, "_opoverload", op)
     if not isinstance(overload, torch._ops.OpOverload):
@@ -47,7 +47,7 @@ def register_kernel(op: Any, cost: Callable[..., KernelCost]) -> None:
     declare_cost(qualified if "." in name else f"{qualified}.default", cost)
     lib = torch.library.Library(namespace, "IMPL")
 
-    def neuron_kernel(*args: Any, **kwargs: Any) -> Any:
+    def neuron_kernel(*args: OpValue, **kwargs: OpValue) -> OpValue:
         return kernel.kernel(overload, *args, **kwargs)
 
     lib.impl(name, neuron_kernel, "PrivateUse1")

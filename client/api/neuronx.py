@@ -19,8 +19,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
 
 NAME = "torch_neuronx"
 
@@ -41,7 +41,12 @@ class _StandIn(importlib.abc.Loader):
 class _Finder(importlib.abc.MetaPathFinder):
     """Answers for torch_neuronx only, and only after every other finder has not."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != NAME:
             return None
         return importlib.machinery.ModuleSpec(NAME, _StandIn(), origin="trnsim (stand-in)")

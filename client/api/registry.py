@@ -20,13 +20,14 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from trnsim.client.core.shapes import RegistryFileError, Signature, load
+from trnsim.client.core.types import Kwargs, Op, OpValue
 
 RTOL, ATOL = 1.3e-6, 1e-5  # float32 comparisons, as OpInfo's float32 defaults
 # Ops whose values come from a generator or uninitialised memory (empty, resize_ growing a
@@ -46,13 +47,13 @@ class Outcome:
     reason: str = ""
 
 
-def _resolve(name: str) -> Any:
+def _resolve(name: str) -> Op:
     from trnsim.simulator.execute import resolve_op
 
     return resolve_op(name)
 
 
-def _bound(args: Any) -> int:
+def _bound(args: object) -> int:
     """Integer tensors get values below the smallest dimension of the float tensors."""
     dims = [
         s
@@ -64,7 +65,7 @@ def _bound(args: Any) -> int:
     return min(dims, default=2)
 
 
-def _flat(value: Any) -> Iterable[Any]:
+def _flat(value: object) -> Iterable[object]:
     if isinstance(value, list):
         for v in value:
             yield from _flat(v)
@@ -72,7 +73,7 @@ def _flat(value: Any) -> Iterable[Any]:
         yield value
 
 
-def _make(value: Any, device: str, bound: int, g: torch.Generator) -> Any:
+def _make(value: object, device: str, bound: int, g: torch.Generator) -> OpValue:
     """The argument again, on `device`: random tensors of the recorded geometry (the same
     values on every device, from one seeded generator)."""
     if isinstance(value, list):
@@ -111,7 +112,7 @@ def _tensor(meta: dict[str, Any], device: str, bound: int, g: torch.Generator) -
     return storage.as_strided(shape, stride, offset)
 
 
-def _build(sig: Signature, device: str) -> tuple[list[Any], dict[str, Any]]:
+def _build(sig: Signature, device: str) -> tuple[list[OpValue], Kwargs]:
     g = torch.Generator().manual_seed(0)
     bound = _bound([sig.args, list(sig.kwargs.values())])
     args = [_make(a, device, bound, g) for a in sig.args]
@@ -119,7 +120,7 @@ def _build(sig: Signature, device: str) -> tuple[list[Any], dict[str, Any]]:
     return args, kwargs
 
 
-def _compare(expected: Any, got: Any, values: bool) -> None:
+def _compare(expected: object, got: object, values: bool) -> None:
     if isinstance(expected, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"a {type(got).__name__} where a tensor was due"
         got = got.detach().cpu()
@@ -138,11 +139,11 @@ def _compare(expected: Any, got: Any, values: bool) -> None:
         assert expected == got, f"{got!r} where {expected!r}"
 
 
-def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> Any:
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return dst.copy_(src)
 
 
-def _cpu_reference(op: str) -> Any:
+def _cpu_reference(op: str) -> Callable[..., OpValue]:
     """What the CPU answers for an op: the op itself, its equivalent for a copy between
     devices, or, for ops with no CPU kernel (the fused RNN cells, integer histc), the
     executor's own kernel called directly (the device's whole path is then what is tested)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from trnsim.client.core.errors import out_of_memory
@@ -28,7 +27,7 @@ class DeviceMemory:
         self.allocator = allocator
         self._flush = flush
         self._count = count
-        self._blocks: dict[int, tuple[weakref.ref[Any], Block, int]] = {}
+        self._blocks: dict[int, tuple[weakref.ref[torch.UntypedStorage], Block, int]] = {}
         self._block_keys: dict[int, int] = {}  # data_ptr -> its key in _blocks
         self._parked: dict[int, int] = {}  # data_ptr -> bytes, of storages park()ed
         # data_ptr of each live device storage -> the CPU tensor it was made from (same
@@ -49,7 +48,9 @@ class DeviceMemory:
         self.adopt_storage(tensor.untyped_storage(), block, host)
         return tensor
 
-    def adopt_storage(self, storage: Any, block: Block, host: torch.Tensor) -> None:
+    def adopt_storage(
+        self, storage: torch.UntypedStorage, block: Block, host: torch.Tensor
+    ) -> None:
         ref = weakref.ref(storage, self._release)
         ptr = storage.data_ptr() if block.requested and not host.is_complex() else 0
         if ptr:
@@ -57,7 +58,7 @@ class DeviceMemory:
             self._block_keys[ptr] = id(ref)
         self._blocks[id(ref)] = (ref, block, ptr)
 
-    def _release(self, ref: weakref.ref[Any]) -> None:
+    def _release(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
         entry = self._blocks.pop(id(ref), None)
         if entry is not None:
             if self._parked.pop(entry[2], None) is None:  # (a parked one's block is gone)
@@ -66,7 +67,7 @@ class DeviceMemory:
                 self.hosts.pop(entry[2], None)
                 self._block_keys.pop(entry[2], None)
 
-    def park(self, storage: Any) -> None:
+    def park(self, storage: torch.UntypedStorage) -> None:
         """A storage its owner calls freed while keeping the object (FSDP2 resizes an
         unsharded parameter's storage to 0 bytes): its HBM goes back to the allocator. A
         neuron storage cannot change size (PyTorch gives Python backends no storage
@@ -78,7 +79,7 @@ class DeviceMemory:
             self._parked[entry[2]] = entry[1].requested
             self.allocator.free(entry[1])  # (the allocator may hand the Block out again)
 
-    def unpark(self, storage: Any) -> None:
+    def unpark(self, storage: torch.UntypedStorage) -> None:
         """The storage is in use again: it takes HBM again (OutOfMemoryError if none)."""
         key = self._block_keys.get(storage.data_ptr(), -1)
         entry = self._blocks.get(key)

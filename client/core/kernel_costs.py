@@ -4,8 +4,8 @@ layer prices a call of a registered custom op with its cost function."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+from trnsim.client.core.types import Args, Kwargs
 from trnsim.compiler.graph import KERNEL_ENGINES, KernelCost
 
 _COSTS: dict[str, Callable[..., KernelCost]] = {}  # "ns::op.overload" -> its cost function
@@ -16,7 +16,7 @@ def declare_cost(op_name: str, cost: Callable[..., KernelCost]) -> None:
     _COSTS[op_name] = cost
 
 
-def cost_of(op_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelCost | None:
+def cost_of(op_name: str, args: Args, kwargs: Kwargs) -> KernelCost | None:
     """The declared cost of a call of a registered kernel (None for every other op)."""
     fn = _COSTS.get(op_name)
     if fn is None:

@@ -17,10 +17,14 @@ FakeTensor, which compiled mode's AOTAutograd traces with (fake_rule).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.fx.operator_schemas import normalize_function
+from trnsim.client.core.types import Args, Kwargs, Op, OpValue
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
 aten = torch.ops.aten
 CONVOLUTIONS = (
@@ -40,7 +44,7 @@ def chooses_layout(op_name: str) -> bool:
     return op_name in _NAMES
 
 
-def cpu_memory_format(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def cpu_memory_format(op: Op, args: Args, kwargs: Kwargs) -> torch.memory_format | None:
     """The memory format the CPU's kernel gives a convolution's outputs (input gradient and
     weight gradient for convolution_backward), or None to keep the Meta kernel's: symbolic
     sizes, or arguments the schema does not take. Only metadata is read."""
@@ -53,7 +57,7 @@ def cpu_memory_format(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return None
     cpu_input, cpu_weight = _stand_in(source), _stand_in(weight)
     bias = given.get("bias")
-    select: dict[str, Any] = {
+    select: Kwargs = {
         "stride": given["stride"],
         "padding": given["padding"],
         "dilation": given["dilation"],
@@ -70,7 +74,7 @@ def cpu_memory_format(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return torch._C._conv_determine_backend_memory_format(cpu_input, cpu_weight, backend)
 
 
-def restride(t: torch.Tensor, memory_format: Any) -> torch.Tensor:
+def restride(t: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
     """A meta tensor of t's size and dtype laid out in memory_format (3-d tensors as 4-d
     ones of height 1, as the CPU's convolution does)."""
     if t.dim() == 3 and memory_format == torch.channels_last:
@@ -84,12 +88,12 @@ def restride(t: torch.Tensor, memory_format: Any) -> torch.Tensor:
 
 
 def as_on_cpu(
-    op: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    out: tuple[Any, ...],
-    wrap: Any = None,
-) -> tuple[Any, ...]:
+    op: Op,
+    args: Args,
+    kwargs: Kwargs,
+    out: Args,
+    wrap: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> Args:
     """A convolution's Meta outputs with the strides the CPU's kernel gives them (each new
     meta tensor passed through wrap(old, new) when given: FakeTensor's rule)."""
     memory_format = cpu_memory_format(op, args, kwargs)
@@ -108,7 +112,7 @@ def _new(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return new
 
 
-def _concrete(t: Any) -> bool:
+def _concrete(t: object) -> bool:
     return isinstance(t, torch.Tensor) and not any(
         isinstance(d, torch.SymInt) for d in (*t.shape, *t.stride())
     )
@@ -120,7 +124,7 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype)
 
 
-FakeRule = Callable[..., Any]  # a FakeTensor implementation: (mode, func, *args, **kwargs)
+FakeRule = Callable[..., OpValue]  # a FakeTensor implementation: (mode, func, *args, **kwargs)
 
 
 def fake_rule(rule: FakeRule) -> FakeRule:
@@ -129,7 +133,7 @@ def fake_rule(rule: FakeRule) -> FakeRule:
     gives. (client/api/patches.py puts it in FakeTensor's table.)"""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-    def conv(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    def conv(mode: FakeTensorMode, func: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
         out = rule(mode, func, *args, **kwargs)
         first = out[0] if isinstance(out, tuple) else out
         if not isinstance(first, FakeTensor) and isinstance(out, tuple):

@@ -10,11 +10,20 @@ import contextlib
 import warnings
 from collections import Counter
 from collections.abc import Iterator
+from typing import TypedDict
 
 from trnsim.client.core.errors import user_frame
 from trnsim.simulator import shape_only
 
 PLACEHOLDER = "zeros (False for a truth value)"
+
+
+class Frame(TypedDict, total=False):
+    """What compiled mode notes of code dynamo compiled: the user's line that called it last,
+    and the nn.Module whose forward it runs ("Cls.forward at file:line")."""
+
+    called_at: str
+    module: str
 
 
 class ShapeOnlyWarning(UserWarning):
@@ -37,7 +46,7 @@ class Notes:
         # ran for and the user's line that called it.
         self.eager_fallbacks: list[str] = []
         self.buckets: list[str] = []
-        self.frames: dict[object, dict[str, str]] = {}
+        self.frames: dict[object, Frame] = {}
 
     def reset(self) -> None:
         self.cuts.clear()

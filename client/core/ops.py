@@ -12,11 +12,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import torch
 from trnsim.client.core import kernel_costs, layouts
 from trnsim.client.core.errors import check_device_index, user_frame, user_location
+from trnsim.client.core.types import Args, Kwargs, Op, OpValue
 from trnsim.compiler import op_table
 from trnsim.compiler.graph import (
     Alias,
@@ -36,7 +37,8 @@ from trnsim.protos import graph_pb2
 from trnsim.simulator import dtypes, execute
 
 Tensor = torch.Tensor
-Handler = Callable[["OpSpec", tuple[Any, ...], dict[str, Any]], Any]
+Handler = Callable[["OpSpec", Args, Kwargs], OpValue]  # how the door runs an op
+T = TypeVar("T")
 # torch enums -> graph enums: the executor's tables read backwards.
 _MEMORY_FORMATS = {v: k for k, v in execute.MEMORY_FORMATS.items()}
 _LAYOUTS = {v: k for k, v in execute.LAYOUTS.items()}
@@ -65,7 +67,7 @@ class OpSpec:
         "writes",
     )
 
-    def __init__(self, op: Any) -> None:
+    def __init__(self, op: Op) -> None:
         schema = op._schema
         self.op = op
         self.name = f"{schema.name}.{schema.overload_name or 'default'}"
@@ -104,10 +106,10 @@ class OpSpec:
         self.handler: Handler | None = None
 
 
-_SPECS: dict[Any, OpSpec] = {}
+_SPECS: dict[Op, OpSpec] = {}
 
 
-def spec_for(op: Any) -> OpSpec:
+def spec_for(op: Op) -> OpSpec:
     """The facts of an op (memoised); the handler is the eager dispatcher's business."""
     spec = _SPECS.get(op)
     if spec is None:
@@ -194,7 +196,7 @@ class Entry:
     # its memory once: which tensor arguments the executable takes, in order (None: all).
     takes: tuple[int, ...] | None = None
 
-    def inputs_of(self, tensors: list[Any]) -> list[Any]:
+    def inputs_of(self, tensors: list[T]) -> list[T]:
         """The executable's inputs among the op's tensor arguments (`node` names them all)."""
         takes = self.takes
         return tensors if takes is None else [tensors[k] for k in takes]
@@ -226,7 +228,7 @@ def tensor_type(t: Tensor) -> TensorType:
 DYNAMIC = TensorType((-1,), (1,), graph_pb2.FLOAT32)
 
 
-def graph_arg(value: Any, inputs: list[TensorType], counter: list[int]) -> ArgValue:
+def graph_arg(value: OpValue, inputs: list[TensorType], counter: list[int]) -> ArgValue:
     """An op argument as a graph carries it: a tensor becomes the next graph input (its type
     appended to `inputs`), a float the next runtime scalar (counted in counter[0]), enums
     their graph codes, lists element by element."""
@@ -280,9 +282,7 @@ class OneNode:
     takes: tuple[int, ...] | None
 
 
-def one_node(
-    spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Tensor]
-) -> OneNode | None:
+def one_node(spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]) -> OneNode | None:
     """The translation of an op call met for the first time with this signature; None when
     it makes sparse tensors from strided ones (it runs as a sparse op, never as a node)."""
     check_devices(spec, tensors)
@@ -340,7 +340,7 @@ class _Outputs:
     def __init__(
         self,
         spec: OpSpec,
-        kwargs: dict[str, Any],
+        kwargs: Kwargs,
         inputs: list[TensorType],
         tensor_index: dict[str, int],
         position: dict[str, int],
@@ -353,7 +353,7 @@ class _Outputs:
         self.out_args: list[int] = []
         self.fresh: list[Meta] = []
 
-    def add(self, j: int, meta: Any, dynamic: bool) -> None:
+    def add(self, j: int, meta: OpValue, dynamic: bool) -> None:
         spec = self.spec
         written = spec.writes.get(j)
         if written is not None and written in self.tensor_index:
@@ -391,7 +391,7 @@ def repeats(tensors: list[Tensor]) -> tuple[int, ...]:
     return tuple(first.setdefault(id(t), k) for k, t in enumerate(tensors))
 
 
-def _to_meta(value: Any) -> Any:
+def _to_meta(value: OpValue) -> OpValue:
     if isinstance(value, Tensor):
         if value.is_cpu and value.dim() == 0:
             return value  # CPU scalars mix with device tensors, as on CUDA
@@ -404,7 +404,7 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
-def _meta_outputs(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool]:
+def _meta_outputs(spec: OpSpec, args: Args, kwargs: Kwargs) -> tuple[Args | None, bool]:
     """(output values on meta, dynamic). Dynamic: the output shape depends on the data."""
     meta_args = [_to_meta(a) for a in args]
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
@@ -421,7 +421,7 @@ def _meta_outputs(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return out, False
 
 
-def _makes_sparse(spec: OpSpec, meta_out: Any) -> bool:
+def _makes_sparse(spec: OpSpec, meta_out: Args | None) -> bool:
     """Whether the op makes sparse tensors from strided ones (to_sparse): by its Meta
     kernel's outputs, or by its name where their number of nonzeros needs the data."""
     if meta_out is None:

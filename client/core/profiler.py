@@ -17,6 +17,7 @@ from typing import Any
 from trnsim.simulator import execute, trace
 
 log = logging.getLogger(__name__)
+TraceEvent = dict[str, Any]  # one Chrome trace event as simulator/trace.py makes it (JSON)
 MAX_EVENTS = 2_000_000  # then the trace stops growing (said once): a long run's profile
 
 
@@ -24,7 +25,7 @@ class Profiler:
     def __init__(self, path: str | None, core: int) -> None:
         self.path = Path(path) if path else None
         self.core = core
-        self.events: list[dict[str, Any]] = []
+        self.events: list[TraceEvent] = []
         self._full = False
 
     def launch(
@@ -68,7 +69,7 @@ class Profiler:
     ) -> None:
         self._add([trace.collective_event(kind, start_ns, duration_ns, nbytes, self.core, source)])
 
-    def _add(self, events: list[dict[str, Any]]) -> None:
+    def _add(self, events: list[TraceEvent]) -> None:
         if self._full:
             return
         if len(self.events) + len(events) > MAX_EVENTS:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch.autograd import profiler as autograd_profiler
@@ -19,6 +19,7 @@ from trnsim.client.core.errors import user_frame
 from trnsim.client.core.executables import Executables
 from trnsim.client.core.metrics import Metrics
 from trnsim.client.core.ops import Entry, OpSpec
+from trnsim.client.core.types import Args, Kwargs, OpValue
 from trnsim.simulator import cost_model, execute, shape_only
 from trnsim.simulator.config import Target, get_target
 from trnsim.simulator.device import Event, Timeline
@@ -42,14 +43,12 @@ class Recording(Protocol):
         ...
 
     def offer(
-        self, spec: OpSpec, entry: Entry, tensors: list[torch.Tensor], scalars: list[Any]
-    ) -> Any:
+        self, spec: OpSpec, entry: Entry, tensors: list[torch.Tensor], scalars: list[float]
+    ) -> OpValue:
         """Records the op and returns its results, or NOT_RECORDED: the caller runs it."""
         ...
 
-    def view(
-        self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
-    ) -> None: ...
+    def view(self, spec: OpSpec, args: Args, kwargs: Kwargs, result: OpValue) -> None: ...
 
     def flush(self, reason: str) -> None:
         """Runs what is recorded."""
@@ -71,7 +70,7 @@ class Runtime:
         self.memory = DeviceMemory(HbmAllocator(self.target.hbm_bytes), self.flush, self.count)
         self.timeline = Timeline(self.target)
         self.compiler: CompileClient = make_client()
-        self.signatures: dict[tuple[Any, ...], Entry] = {}
+        self.signatures: dict[tuple[object, ...], Entry] = {}
         self.generator = torch.Generator()
         self.generator.manual_seed(DEFAULT_SEED)
         self.stream = 0

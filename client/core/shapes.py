@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 from trnsim.client.core import env
+from trnsim.client.core.types import Kwargs, OpValue
 
 
 # -- recording --------------------------------------------------------------------------------
-def encode(value: Any) -> Any:
+def encode(value: OpValue) -> object:
     """An op argument as JSON: tensors by their metadata, everything else by value."""
     if isinstance(value, torch.Tensor):
         return {
@@ -51,15 +52,15 @@ def encode(value: Any) -> Any:
 @dataclass
 class Signature:
     op: str
-    args: list[Any]
-    kwargs: dict[str, Any]
+    args: list[object]  # encoded (encode)
+    kwargs: dict[str, object]
     count: int = 0
     sources: set[str] = field(default_factory=set)
 
     def key(self) -> str:
         return json.dumps([self.op, self.args, self.kwargs], sort_keys=True)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "op": self.op,
             "args": self.args,
@@ -79,12 +80,16 @@ class ShapeLog:
     def __init__(self, path: Path, source: str) -> None:
         self.path = path
         self.source = source
-        self.seen: dict[Any, Signature] = {}
+        self.seen: dict[tuple[object, ...], Signature] = {}
 
-    def add(self, name: str, key: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def add(
+        self, name: str, key: tuple[object, ...], args: Sequence[OpValue], kwargs: Kwargs
+    ) -> None:
         sig = self.seen.get(key)
         if sig is None:
-            sig = Signature(name, encode(list(args)), {k: encode(v) for k, v in kwargs.items()})
+            sig = Signature(
+                name, [encode(a) for a in args], {k: encode(v) for k, v in kwargs.items()}
+            )
             sig.sources.add(self.source)
             self.seen[key] = sig
         sig.count += 1

@@ -32,19 +32,21 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO
 
 import torch
 from torch.autograd import profiler as autograd_profiler
 from torch.autograd.profiler_util import FunctionEvent
 from trnsim.client.core import profiler
+from trnsim.client.core.profiler import TraceEvent
 
 MARK = "neuron::launch"  # the marker's name in tables and traces
 MAX_EVENTS = profiler.MAX_EVENTS  # per session; later launches get no device time (said once)
 _ids = itertools.count(1)
 _lock = threading.Lock()
 _sink: Sink | None = None
-Events = list[dict[str, Any]]  # one launch's trace events: the launch first, then its parts
+Events = list[TraceEvent]  # one launch's trace events: the launch first, then its parts
+Profile = autograd_profiler.profile  # the session whose methods are wrapped here
 
 
 class Sink(profiler.Profiler):
@@ -88,13 +90,15 @@ def _take() -> dict[int, Events]:
     return taken
 
 
-def wrap_exit(exit_: Callable[..., Any], synchronize: Callable[[], None]) -> Callable[..., Any]:
+def wrap_exit(
+    exit_: Callable[..., bool | None], synchronize: Callable[[], None]
+) -> Callable[..., bool | None]:
     """profile.__exit__: the launches of the cycle are taken before torch parses it (with
     acc_events it parses inside __exit__); what was recorded but not launched runs first
     (`synchronize`: the runtime's, if there is one)."""
 
     @functools.wraps(exit_)
-    def __exit__(self: Any, *exc: Any) -> Any:
+    def __exit__(self: Profile, *exc: object) -> bool | None:
         if self.enabled:
             try:
                 synchronize()
@@ -109,7 +113,7 @@ def wrap_ensure_function_events(ensure: Callable[..., None]) -> Callable[..., No
     """profile._ensure_function_events: the launches join the events once they are parsed."""
 
     @functools.wraps(ensure)
-    def _ensure_function_events(self: Any) -> None:
+    def _ensure_function_events(self: Profile) -> None:
         fresh = self._function_events is None
         ensure(self)
         if fresh and self._function_events is not None:
@@ -118,11 +122,11 @@ def wrap_ensure_function_events(ensure: Callable[..., None]) -> Callable[..., No
     return _ensure_function_events
 
 
-def wrap_export_chrome_trace(export: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_export_chrome_trace(export: Callable[..., object]) -> Callable[..., object]:
     """profile.export_chrome_trace: the launches join kineto's trace."""
 
     @functools.wraps(export)
-    def export_chrome_trace(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+    def export_chrome_trace(self: Profile, path: str, *args: object, **kwargs: object) -> object:
         out = export(self, path, *args, **kwargs)
         launches = getattr(self, "_neuron_launches", None)
         if launches and self.use_device == torch._C._get_privateuse1_backend_name():
@@ -132,7 +136,7 @@ def wrap_export_chrome_trace(export: Callable[..., Any]) -> Callable[..., Any]:
     return export_chrome_trace
 
 
-def _marker_id(name: Any) -> int | None:
+def _marker_id(name: object) -> int | None:
     if not isinstance(name, str) or not name.startswith(MARK + "#"):
         return None
     try:
@@ -147,7 +151,7 @@ def _place(
     """(launch id, start µs) for each marker (host µs, id) whose launch was kept: at the
     host's issue time, or when the previous launch on its device row ends if that is later."""
     placed = []
-    free: dict[Any, float] = {}  # per device row: when its last launch ends
+    free: dict[tuple[object, object], float] = {}  # per device row: when its last launch ends
     for at, lid in sorted(markers):
         events = launches.get(lid)
         if not events:
@@ -159,10 +163,11 @@ def _place(
     return placed
 
 
-def _merge(prof: Any) -> None:
+def _merge(prof: Profile) -> None:
     """Renames this parse's markers to MARK; with the device activity, each launch becomes a
     kernel of the op that issued it and a device event."""
     events = prof._function_events
+    assert events is not None  # (called once they are parsed)
     launches = getattr(prof, "_neuron_launches", {})
     device = prof.use_device == torch._C._get_privateuse1_backend_name()
     markers: dict[int, FunctionEvent] = {}
@@ -200,11 +205,11 @@ def _merge(prof: Any) -> None:
 def _add_to_trace(path: Path, launches: dict[int, Events]) -> None:
     """kineto's trace at `path` (gzipped if it ends in .gz), with device rows for the
     launches whose markers it holds, placed from the markers' own timestamps."""
-    opener: Any = gzip.open if path.suffix == ".gz" else open
+    opener: Callable[..., IO[str]] = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         data = json.load(f)
     out = data["traceEvents"] if isinstance(data, dict) else data
-    markers: dict[int, dict[str, Any]] = {}
+    markers: dict[int, TraceEvent] = {}
     for e in out:
         lid = _marker_id(e.get("name"))
         if lid is not None:
@@ -234,11 +239,11 @@ def _add_to_trace(path: Path, launches: dict[int, Events]) -> None:
 
 
 def _ranges(
-    out: list[dict[str, Any]],
+    out: list[TraceEvent],
     placed: list[tuple[int, float]],
     launches: dict[int, Events],
-    markers: dict[int, dict[str, Any]],
-) -> list[dict[str, Any]]:
+    markers: dict[int, TraceEvent],
+) -> list[TraceEvent]:
     """Each record_function range on the device: from the start of the first launch issued
     inside it to the end of the last."""
     issued = sorted((float(markers[lid]["ts"]), start, lid) for lid, start in placed)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from trnsim.client.core import runtime
@@ -40,7 +39,7 @@ def ddp_init(original: DdpInit) -> DdpInit:
     signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def __init__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: torch.nn.Module, *args: object, **kwargs: object) -> None:
         bound = signature.bind(self, *args, **kwargs).arguments
         wanted = [k for k in ("find_unused_parameters", "static_graph") if bound.get(k)]
         module = bound.get("module")

@@ -15,15 +15,21 @@ made from the inputs' metadata.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 _FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
 
 
-def _choice(q: Any, k: Any, v: Any, mask: Any, dropout_p: float, causal: bool, **kw: Any) -> int:
+def _choice(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+    causal: bool,
+    **kw: float | bool | None,
+) -> int:
     """The backend the CPU would choose: asked of the device's own tensors (their host
     memory is the CPU's), or of CPU stand-ins of the same geometry while tracing (fake and
     functional tensors would get the Meta kernel's answer, which is always math)."""
@@ -39,7 +45,7 @@ def _choice(q: Any, k: Any, v: Any, mask: Any, dropout_p: float, causal: bool, *
         return int(choose(*stand, m, dropout_p, causal, **kw))
 
 
-def _stand_in(t: Any) -> torch.Tensor:
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor of t's geometry over memory that is never touched (a symbolic size at
     the value it was traced with, without a guard that would specialise it)."""
     shape = [_hint(s) for s in t.shape]
@@ -47,7 +53,7 @@ def _stand_in(t: Any) -> torch.Tensor:
     return torch.empty_strided(shape, stride, dtype=t.dtype, device="cpu")
 
 
-def _hint(size: Any) -> int:
+def _hint(size: torch.SymInt | int) -> int:
     if isinstance(size, torch.SymInt):
         hint = size.node.hint
         if hint is None:

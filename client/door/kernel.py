@@ -13,8 +13,6 @@ executable.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from trnsim.client.core import memory, runtime, shapes
 from trnsim.client.core.notes import note_placeholder
@@ -27,17 +25,16 @@ from trnsim.client.core.ops import (
     spec_for,
 )
 from trnsim.client.core.pinned import is_pinned
+from trnsim.client.core.types import Args, Kwargs, Op, OpValue
 from trnsim.client.door import sparse, special
 from trnsim.client.modes import eager
 from trnsim.simulator import shape_only
 
 Tensor = torch.Tensor
-Args = tuple[Any, ...]  # an ATen call's positional arguments, as the dispatcher hands them
-Kwargs = dict[str, Any]
-_READY: dict[Any, OpSpec] = {}  # op -> its spec, with the handler that runs it here
+_READY: dict[Op, OpSpec] = {}  # op -> its spec, with the handler that runs it here
 
 
-def kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
+def kernel(op: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
     """The PrivateUse1 kernel of every ATen op (fallback and direct registrations)."""
     spec = _READY.get(op)
     if spec is None:  # (the op layer's one spec of the op, given the handler that runs it here)
@@ -49,7 +46,7 @@ def kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     return spec.handler(spec, args, kwargs)  # type: ignore[misc]
 
 
-def _view(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _view(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     rt = runtime.get()
     rt.count("ops_dispatched")
     rt.count("view_ops")
@@ -60,7 +57,7 @@ def _view(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
 
 
 # -- signatures ---------------------------------------------------------------------------------
-def _walk(value: Any, key: list[Any], tensors: list[Tensor], scalars: list[float]) -> None:
+def _walk(value: OpValue, key: list[object], tensors: list[Tensor], scalars: list[float]) -> None:
     t = type(value)
     if t is Tensor or isinstance(value, Tensor):
         tensors.append(value)
@@ -78,9 +75,9 @@ def _walk(value: Any, key: list[Any], tensors: list[Tensor], scalars: list[float
 
 def signature(
     spec: OpSpec, args: Args, kwargs: Kwargs
-) -> tuple[tuple[Any, ...], list[Tensor], list[float]]:
+) -> tuple[tuple[object, ...], list[Tensor], list[float]]:
     """(the call's key, its tensor arguments, its float arguments) in argument order."""
-    key: list[Any] = [spec.op]
+    key: list[object] = [spec.op]
     tensors: list[Tensor] = []
     scalars: list[float] = []
     for value in args:  # the common cases inline (this runs for every op)
@@ -102,7 +99,7 @@ def signature(
 
 
 # -- the generic path ---------------------------------------------------------------------------
-def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     """An op through its signature's entry: taken by the recording mode, or run now."""
     rt = runtime.get()
     count = rt.count
@@ -151,7 +148,7 @@ def _entry(
 
 
 # -- the one op between host and device ---------------------------------------------------------
-def _copy_from(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _copy_from(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     src, dst = args[0], args[1]
     non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
     rt = runtime.get()

@@ -4,8 +4,6 @@ so it needs their shapes. Registered only where PyTorch has no Meta kernel of it
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 Tensor = torch.Tensor
@@ -23,7 +21,9 @@ def gru_cell(
     return torch.empty_like(hx, memory_format=_CONTIGUOUS), workspace
 
 
-def gru_cell_backward(grad_hy: Tensor, workspace: Tensor, has_bias: bool) -> tuple[Any, ...]:
+def gru_cell_backward(
+    grad_hy: Tensor, workspace: Tensor, has_bias: bool
+) -> tuple[Tensor | None, ...]:
     gates = (workspace.shape[0], workspace.shape[1] // 5 * 3)
     grad_input, grad_hidden = workspace.new_empty(gates), workspace.new_empty(gates)
     grad_hx = torch.empty_like(grad_hy, memory_format=_CONTIGUOUS)

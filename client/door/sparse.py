@@ -23,12 +23,12 @@ raises PyTorch's error for it, naming the op (NotImplementedError), as on the CP
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 from trnsim.client.core import runtime
 from trnsim.client.core.memory import to_device
+from trnsim.client.core.types import Args, Kwargs, Op, OpValue
 from trnsim.simulator import cost_model
 
 Tensor = torch.Tensor
@@ -65,25 +65,25 @@ STRUCTURE = frozenset(
 )
 
 
-def _structure_op(op: Any) -> bool:
+def _structure_op(op: Op) -> bool:
     return op._schema.name.split("::", 1)[1] in STRUCTURE
 
 
-def coo_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
+def coo_kernel(op: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
     """The SparsePrivateUse1 fallback: every op on a sparse COO neuron tensor."""
     if _structure_op(op):
         return op.redispatch(SPARSE_CPU, *args, **kwargs)
     return launch(op, args, kwargs)
 
 
-def compressed_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
+def compressed_kernel(op: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
     """The SparseCsrPrivateUse1 fallback: every op on a sparse compressed neuron tensor."""
     if _structure_op(op):
         return op.redispatch(SPARSE_CSR_CPU, *args, **kwargs)
     return launch(op, args, kwargs)
 
 
-def is_sparse_neuron(t: Any) -> bool:
+def is_sparse_neuron(t: object) -> bool:
     return isinstance(t, Tensor) and t.layout != torch.strided and t.device.type == DEVICE
 
 
@@ -105,7 +105,7 @@ class _Aliases:
         self.itemsize = 4  # of the nonzeros' values
 
     # to the CPU
-    def to_cpu(self, value: Any) -> Any:
+    def to_cpu(self, value: OpValue) -> OpValue:
         if not isinstance(value, Tensor):
             if isinstance(value, torch.device) and value.type == DEVICE:
                 return torch.device("cpu")
@@ -167,7 +167,7 @@ class _Aliases:
             self.memory.setdefault(alias.untyped_storage().data_ptr(), (alias, t))
 
     # back to the device
-    def to_neuron(self, value: Any) -> Any:
+    def to_neuron(self, value: OpValue) -> OpValue:
         if not isinstance(value, Tensor):
             return value
         known = self.neuron_of.get(id(value))
@@ -219,7 +219,7 @@ class _Aliases:
         block = self.rt.memory.allocate(r.untyped_storage().nbytes())
         return self.rt.memory.adopt(to_device(r), block, r)
 
-    def write_back(self, args: list[Any], written: list[int]) -> None:
+    def write_back(self, args: list[OpValue], written: list[int]) -> None:
         """Sparse neuron arguments an in-place op wrote: the CPU's kernel may have given the
         CPU alias new parts; the neuron tensor takes them."""
         for i in written:
@@ -241,7 +241,7 @@ class _Aliases:
                 torch.ops.aten.copy_.default.redispatch(SPARSE_CSR_CPU, t, source)
 
 
-def launch(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def launch(op: Op, args: Args, kwargs: Kwargs) -> OpValue:
     """Runs one op on sparse neuron tensors (or one that makes them) as one launch."""
     rt = runtime.get()
     rt.flush("sparse")  # (recorded ops first: they may write what this op reads)
@@ -272,7 +272,7 @@ def launch(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return out
 
 
-def _written(op: Any) -> list[int]:
+def _written(op: Op) -> list[int]:
     """Positions of the arguments the op writes (in-place, out=)."""
     return [
         i
@@ -312,7 +312,7 @@ def _empty_on_device(r: Tensor) -> Tensor:
     return torch.empty_strided(r.shape, r.stride(), dtype=r.dtype, device=DEVICE)
 
 
-def _layouts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def _layouts(args: Args, kwargs: Kwargs) -> str:
     found = {
         str(a.layout).removeprefix("torch.")
         for a in [*args, *kwargs.values()]

@@ -5,15 +5,16 @@ metadata-only edits, in-place views, and nested tensors (refused with what to do
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import NoReturn
 
 import torch
 from trnsim.client.core import memory, runtime
 from trnsim.client.core.errors import check_device_index
 from trnsim.client.core.memory import to_device
 from trnsim.client.core.notes import note_placeholder
-from trnsim.client.core.ops import OpSpec
+from trnsim.client.core.ops import Handler, OpSpec
+from trnsim.client.core.types import Args, Kwargs, OpValue
 from trnsim.simulator import shape_only
 
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -21,11 +22,9 @@ META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 # (the Meta ones try to grow the storage, which device storages cannot).
 CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 Tensor = torch.Tensor
-Args = tuple[Any, ...]
-Kwargs = dict[str, Any]
 
 
-def _local_scalar_dense(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _local_scalar_dense(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     rt = runtime.get()
     rt.count("ops_dispatched")
     rt.device_to_host(args[0].element_size())
@@ -35,7 +34,7 @@ def _local_scalar_dense(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
     return memory.to_host_alias(args[0]).item()
 
 
-def _placeholder(dtype: torch.dtype) -> Any:
+def _placeholder(dtype: torch.dtype) -> bool | complex | float | int:
     """Shape-only mode's value for a tensor read as a Python number (notes.PLACEHOLDER)."""
     if dtype == torch.bool:
         return False
@@ -68,7 +67,7 @@ def _span(shape: Sequence[int], strides: Sequence[int]) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
 
 
-def _empty(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _empty(spec: OpSpec, args: Args, kwargs: Kwargs) -> Tensor:
     rt = runtime.get()
     rt.count("ops_dispatched")
     check_device_index(kwargs.get("device"))
@@ -86,7 +85,7 @@ def _empty(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
     return t
 
 
-def _zero_tensor(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _zero_tensor(spec: OpSpec, args: Args, kwargs: Kwargs) -> Tensor:
     """_efficientzerotensor (forward-mode AD's zero tangents): a ZeroTensor is a tensor
     without memory that only C++ backends can make; here it is zeros in device memory, which
     every op reads as the zeros it stands for."""
@@ -109,7 +108,7 @@ def _contiguous_strides(size: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
-def _resize(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _resize(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     """resize_: metadata only when the storage is big enough, else a new storage that keeps
     the old contents (device storages cannot grow in place)."""
     self, size = args[0], list(args[1])
@@ -135,17 +134,17 @@ def _resize(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
     return self
 
 
-def _metadata(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _metadata(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     runtime.get().flush("hazard")  # recorded ops read the tensor as it is now
     runtime.get().count("ops_dispatched")
     return spec.op.redispatch(CPU_KERNEL, *args, **kwargs)
 
 
-def _no_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _no_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> None:
     return None
 
 
-def _inplace_view(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _inplace_view(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     """t_, transpose_, squeeze_...: change the tensor's own sizes and strides, no data."""
     runtime.get().flush("hazard")  # recorded ops read the tensor as it is now
     runtime.get().count("ops_dispatched")
@@ -156,7 +155,7 @@ def _inplace_view(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
 _INPLACE_VIEWS = "t_ transpose_ squeeze_ unsqueeze_ as_strided_ swapdims_ swapaxes_ detach_"
 
 
-def _no_nested_fast_path(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _no_nested_fast_path(spec: OpSpec, args: Args, kwargs: Kwargs) -> bool:
     """neuron has no nested tensors. nn.TransformerEncoder asks this before building one for
     its fast path: "no" sends it down its regular path (outputs at padded positions are not
     zeroed there, as PyTorch documents for that path)."""
@@ -164,14 +163,14 @@ def _no_nested_fast_path(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
     return False
 
 
-def _nested(spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
+def _nested(spec: OpSpec, args: Args, kwargs: Kwargs) -> NoReturn:
     raise NotImplementedError(
         f"{spec.name}: nested tensors are not supported on the neuron device; use padded "
         f"tensors with a mask (for nn.TransformerEncoder: enable_nested_tensor=False)"
     )
 
 
-HANDLERS: dict[str, Callable[[OpSpec, Args, Kwargs], Any]] = {
+HANDLERS: dict[str, Handler] = {
     "aten::_local_scalar_dense.default": _local_scalar_dense,
     "aten::empty.memory_format": _empty,
     "aten::empty_strided.default": _empty,

@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, final
 
 import torch
 from trnsim.client.core import env, errors, runtime
-from trnsim.client.core.notes import NOTES
+from trnsim.client.core.notes import NOTES, Frame
+from trnsim.client.core.types import Op, OpValue
 from trnsim.client.modes.region import Bound, compiled_region
 from trnsim.policy import buckets
 from trnsim.simulator import execute
+
+if TYPE_CHECKING:
+    import sympy  # type: ignore[import-untyped]
 
 NAME = "neuron"
 log = logging.getLogger(__name__)
@@ -45,7 +49,10 @@ _BUCKETS = buckets.parse(env.shape_buckets())
 # own kernel, so a compiled region computes what its ops compute in eager mode, op for op
 # (where AOTAutograd's graph holds other ops than eager dispatch meets, results differ as
 # PyTorch's own aot_eager backend's do on the CPU).
-DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
+DECOMPOSITIONS: dict[Op, Callable[..., OpValue]] = {}
+# What AOTAutograd runs for one of its graphs (boxed: it takes the list of the graph's
+# inputs, tensors and sizes, and empties it).
+Run = Callable[[list[OpValue]], OpValue]
 
 
 def _numpy_random_as_in_eager() -> None:
@@ -60,17 +67,15 @@ def _numpy_random_as_in_eager() -> None:
 _numpy_random_as_in_eager()
 
 
-def _region(
-    kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, draws: bool
-) -> Callable[[list[Any]], Any]:
+def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, draws: bool) -> Run:
     """The callable AOTAutograd runs for one of its graphs: the graph's ops as one region.
     With symbolic sizes, each call runs in its sizes' bucket: the bucket's executable is
     compiled once, from the graph traced at the bucket's sizes, and runs every size in it."""
     _source_lines(gm)
     run_graph = gm.forward
-    executables: dict[tuple[int, ...], Any] = {}  # bounds -> its executable, or None
+    executables: dict[tuple[int, ...], execute.LoadedExecutable | None] = {}  # bounds -> it
 
-    def run(args: list[Any]) -> Any:
+    def run(args: list[OpValue]) -> OpValue:
         flat = list(args)
         args.clear()  # (boxed convention: the graph owns its inputs from here)
         rt = runtime.get()
@@ -95,9 +100,9 @@ def _region(
 def _compile_bucket(
     rt: runtime.Runtime,
     kind: str,
-    run_graph: Callable[..., Any],
+    run_graph: Callable[..., OpValue],
     sizes: _SymbolicSizes,
-    real: list[Any],
+    real: list[OpValue],
     bounds: tuple[int, ...],
     draws: bool,
 ) -> execute.LoadedExecutable | None:
@@ -168,12 +173,13 @@ class _SymbolicSizes:
     """A graph's inputs whose sizes are symbolic (dynamic=True, mark_dynamic): where each
     symbol's value is read from a real call, and each input's sizes at other values."""
 
-    def __init__(self, example_inputs: Sequence[Any], mutated: set[int]) -> None:
+    def __init__(self, example_inputs: Sequence[object], mutated: set[int]) -> None:
         import sympy  # type: ignore[import-untyped]
 
-        self.exprs: list[Any] = []  # per input: None (static), an int expr, or (sizes, strides)
-        found: dict[Any, tuple[int, int | None]] = {}  # symbol -> (input, dim or None)
-        free: set[Any] = set()
+        # per input: None (static), an int expr, or (sizes, strides, dtype, device)
+        self.exprs: list[sympy.Expr | _Geometry | None] = []
+        found: dict[sympy.Symbol, tuple[int, int | None]] = {}  # symbol -> (input, dim or None)
+        free: set[sympy.Symbol] = set()
         for i, e in enumerate(example_inputs):
             if isinstance(e, torch.SymInt):
                 expr = e.node.expr
@@ -199,16 +205,16 @@ class _SymbolicSizes:
         self.readable = free <= set(found)  # every symbol appears bare somewhere
         self.where = [found.get(sym) for sym in self.symbols]
 
-    def values(self, args: list[Any]) -> tuple[int, ...]:
+    def values(self, args: list[OpValue]) -> tuple[int, ...]:
         out = []
         for i, d in self.where:  # type: ignore[misc]
             out.append(int(args[i]) if d is None else int(args[i].shape[d]))
         return tuple(out)
 
-    def stand_ins(self, args: list[Any], at: dict[Any, int]) -> list[Any]:
+    def stand_ins(self, args: list[OpValue], at: dict[sympy.Symbol, int]) -> list[OpValue]:
         """The inputs at the bucket's sizes: new empty tensors for the symbolic and the
         written ones, the others as they are (a trace reads nothing)."""
-        out: list[Any] = []
+        out: list[OpValue] = []
         for arg, expr in zip(args, self.exprs, strict=True):
             if expr is None:
                 out.append(arg)
@@ -227,11 +233,15 @@ class _SymbolicSizes:
         return out
 
 
-def _expr(d: Any) -> Any:
+# An input's sizes and strides (each an int or an expression in the symbols), dtype, device.
+_Geometry = tuple[list["sympy.Expr | int"], list["sympy.Expr | int"], torch.dtype, torch.device]
+
+
+def _expr(d: torch.SymInt | int) -> sympy.Expr | int:
     return d.node.expr if isinstance(d, torch.SymInt) else int(d)
 
 
-def _value(expr: Any, at: dict[Any, int]) -> int:
+def _value(expr: sympy.Expr | int, at: dict[sympy.Symbol, int]) -> int:
     if isinstance(expr, int):
         return expr
     import sympy  # type: ignore[import-untyped]
@@ -242,7 +252,9 @@ def _value(expr: Any, at: dict[Any, int]) -> int:
     return int(value)
 
 
-def _symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], draws: bool) -> Any:
+def _symbolic_sizes(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[object], draws: bool
+) -> _SymbolicSizes | None:
     """The graph's symbolic sizes, or None: none (static shapes), bucketing turned off
     (NEURON_SHAPE_BUCKETS=exact), a symbol no input carries bare, or a graph a trace at
     the bucket's sizes could not leave without effects (a CPU random op would draw, a
@@ -270,8 +282,8 @@ def _symbolic_sizes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], dra
     return sizes if sizes.readable and sizes.symbols else None
 
 
-def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[object]], Run]:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Run:
         rt = runtime.get()
         rt.count(f"compiled_{kind}_graphs")
         draws = _draws_in_order(gm)
@@ -280,7 +292,9 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
     return compile_graph
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+def backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[object], **kwargs: object
+) -> Callable[..., OpValue]:
     """The dynamo backend "neuron" (entry point torch_dynamo_backends)."""
     from torch._dynamo.backends.common import aot_autograd
 
@@ -334,7 +348,7 @@ def _note_frame() -> None:
     if not isinstance(owner, torch.nn.Module):
         args = scope.get("args")
         owner = args[0] if isinstance(args, tuple) and args else None
-    note = {"called_at": errors.script_location()}
+    note: Frame = {"called_at": errors.script_location()}
     if isinstance(owner, torch.nn.Module):
         cls = type(owner)
         forward = inspect.unwrap(cls.forward)
@@ -383,13 +397,36 @@ def _boolean_mask_indexing(gm: torch.fx.GraphModule) -> str:
     return ""
 
 
-def explain() -> list[dict[str, Any]]:
+# explain()'s rows: a graph run in the eager mode instead, a shape bucket compiled or refused,
+# a function dynamo recompiled (with what compiled mode noted of it: notes.Frame).
+@final
+class EagerFallback(TypedDict):
+    eager_fallback: str
+
+
+@final
+class ShapeBucket(TypedDict):
+    shape_bucket: str
+
+
+@final
+class Recompiled(Frame):
+    function: str
+    where: str
+    recompiles: int
+    reasons: list[str]
+
+
+Explained = EagerFallback | ShapeBucket | Recompiled
+
+
+def explain() -> list[Explained]:
     """Why compiled functions recompiled: for each one dynamo recompiled, its name, file and
     line, and the guard failures that caused each recompile (dynamo's own reasons); then
     each graph that runs in the eager mode instead of compiled, and why."""
     from torch._dynamo.utils import guard_failures
 
-    out: list[dict[str, Any]] = [{"eager_fallback": why} for why in NOTES.eager_fallbacks]
+    out: list[Explained] = [{"eager_fallback": why} for why in NOTES.eager_fallbacks]
     out += [{"shape_bucket": what} for what in NOTES.buckets]
     for code, reasons in guard_failures.items():
         out.append(

@@ -7,13 +7,12 @@ outputs get device memory; the launch goes on the current stream.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from trnsim.client.core import runtime
 from trnsim.client.core.errors import execution_error, user_location
 from trnsim.client.core.memory import to_device
 from trnsim.client.core.ops import FRESH, LIST, NONE, WRITE, Entry, OpSpec
+from trnsim.client.core.types import OpValue
 from trnsim.simulator import shape_only
 from trnsim.simulator.execute import ExecutionError
 from trnsim.simulator.memory import Block
@@ -23,7 +22,7 @@ Tensor = torch.Tensor
 
 def run(
     rt: runtime.Runtime, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[float]
-) -> Any:
+) -> OpValue:
     """The op's results, computed now."""
     nbytes = entry.one_fresh_output
     if nbytes is None:
@@ -60,7 +59,7 @@ def _verify(entry: Entry, made: list[Tensor]) -> None:
 
 def _execute(
     rt: runtime.Runtime, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[float]
-) -> Any:
+) -> OpValue:
     """The general case: several outputs, written arguments, out=, Python values, and
     data-dependent shapes (a sync point)."""
     inputs = [t if t.is_cpu else rt.memory.host_alias(t) for t in entry.inputs_of(tensors)]
@@ -102,10 +101,14 @@ def _write_out_args(
 
 
 def _results(
-    rt: runtime.Runtime, entry: Entry, outs: list[Any], blocks: list[Block], tensors: list[Tensor]
-) -> Any:
+    rt: runtime.Runtime,
+    entry: Entry,
+    outs: list[OpValue],
+    blocks: list[Block],
+    tensors: list[Tensor],
+) -> OpValue:
     """The op's return value from the executable's outputs (lists flattened)."""
-    results: list[Any] = []
+    results: list[OpValue] = []
     made: list[Tensor] = []
     next_block = iter(blocks)
     flat = iter(outs)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from trnsim.client.core import runtime
 from trnsim.client.core.compile_client import Compiled
 from trnsim.client.core.errors import execution_error
 from trnsim.client.core.ops import FRESH, NOT_RECORDED, Entry, OpSpec
-from trnsim.client.modes.tape import Args, Cut, Kwargs, RecOp, Tape
+from trnsim.client.core.types import Args, Kwargs, OpValue
+from trnsim.client.modes.tape import Cut, RecOp, Tape
 from trnsim.compiler.graph import Value
 from trnsim.policy import boundaries, compile_policy
 from trnsim.simulator import execute, shape_only
@@ -50,14 +50,16 @@ class Recorder:
         self.rt = rt
         self.policy = policy
         self.tape = Tape(rt)
-        self.graphs: dict[tuple[Any, ...], GraphState] = {}
+        self.graphs: dict[tuple[object, ...], GraphState] = {}
         self._warned_fallback = False
 
     @property
     def pending(self) -> bool:
         return bool(self.tape.ops)
 
-    def offer(self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[float]) -> Any:
+    def offer(
+        self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[float]
+    ) -> OpValue:
         """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
         tape = self.tape
         hazard = any(not t.is_cpu and not tape.nameable(t) for t in tensors)
@@ -88,7 +90,7 @@ class Recorder:
     def _recorded(self) -> None:
         self.rt.count("ops_recorded")
 
-    def view(self, spec: OpSpec, args: Args, kwargs: Kwargs, result: Any) -> None:
+    def view(self, spec: OpSpec, args: Args, kwargs: Kwargs, result: OpValue) -> None:
         if not self.tape.view(spec, args, kwargs, result):
             self.flush("hazard")
 
@@ -120,7 +122,7 @@ class Recorder:
         values a fused run computes, one launch per op."""
         rt, ops, input_hosts = self.rt, cut.ops, cut.input_hosts
         rt.count("op_by_op_graphs")
-        env: dict[Value, Any] = {}
+        env: dict[Value, Tensor] = {}
         seen = iter(cut.observable)
         for i, op in enumerate(ops):
             args = [input_hosts[v.index] if v.node is None else env[v] for v in op.wiring]

@@ -17,13 +17,13 @@ import dataclasses
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from trnsim.client.core import runtime
 from trnsim.client.core.errors import user_frame
 from trnsim.client.core.memory import to_device
 from trnsim.client.core.ops import FRESH, LIST, NONE, Entry, OpSpec, graph_arg, spec_for
+from trnsim.client.core.types import Args, Kwargs, OpValue
 from trnsim.compiler.graph import (
     Alias,
     ArgValue,
@@ -38,8 +38,6 @@ from trnsim.protos import graph_pb2
 from trnsim.simulator import dtypes, shape_only
 
 Tensor = torch.Tensor
-Args = tuple[Any, ...]  # an ATen call's positional arguments
-Kwargs = dict[str, Any]
 _use_count = torch._C._storage_Use_Count
 _getrefcount = sys.getrefcount
 
@@ -52,6 +50,8 @@ class _Placeholder:
 
 
 TENSOR = _Placeholder()
+# A view's output: (sizes, strides, storage offset, dtype).
+ViewOutput = tuple[torch.Size, tuple[int, ...], int | torch.SymInt, torch.dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +60,9 @@ class ViewCall:
     (sizes, strides, storage offset, dtype)."""
 
     spec: OpSpec
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    types: tuple[tuple[Any, ...], ...]
+    args: Args
+    kwargs: Kwargs
+    types: tuple[ViewOutput, ...]
 
     def run(self, tensors: list[Tensor]) -> list[Tensor]:
         """The view of CPU tensors: the same geometry the device view has."""
@@ -145,7 +145,7 @@ class Tape:
         # geometry holds: an alias made without us (autograd's detached gradients) is it.
         self.geometry: dict[Geometry, Value] = {}
         self.bases: dict[int, tuple[Value, torch.dtype]] = {}  # storage -> the value owning it
-        self.parts: list[Any] = []  # the graph's signature, op by op
+        self.parts: list[object] = []  # the graph's signature, op by op
         self.n_scalars = 0
         self.issued_on = self.rt.stream  # the stream the buffer's ops were issued on
 
@@ -215,7 +215,7 @@ class Tape:
 
     def record(
         self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[float]
-    ) -> Any:
+    ) -> OpValue:
         """The op as the buffer's next node; its results are device tensors not yet computed."""
         rt = self.rt
         if not self.ops:
@@ -248,9 +248,11 @@ class Tape:
         self.parts.append((id(entry), wiring))
         return self._returns(entry, tensors, outputs, i)
 
-    def _returns(self, entry: Entry, tensors: list[Tensor], outputs: list[Tensor], i: int) -> Any:
+    def _returns(
+        self, entry: Entry, tensors: list[Tensor], outputs: list[Tensor], i: int
+    ) -> OpValue:
         """The op's return value; every tensor it returns now names this node's output."""
-        results: list[Any] = []
+        results: list[Tensor | list[Tensor] | None] = []
         made = iter(outputs)
         j = 0
         for r in entry.returns:
@@ -291,7 +293,7 @@ class Tape:
             self.geometry[_geometry(t, ptr)] = value
             self.bases[ptr] = (value, t.dtype)
 
-    def view(self, spec: OpSpec, args: Args, kwargs: Kwargs, result: Any) -> bool:
+    def view(self, spec: OpSpec, args: Args, kwargs: Kwargs, result: OpValue) -> bool:
         """A view of a tensor this buffer can name becomes a node, so later ops find it.
         False: it views buffer memory through an alias never seen (the buffer must run)."""
         tensors = [a for a in args if isinstance(a, Tensor)]
@@ -328,14 +330,14 @@ class Cut:
     graph to see it (`observable`)."""
 
     ops: list[RecOp]
-    parts: list[Any]
+    parts: list[object]
     stream: int
     input_hosts: list[Tensor]
     input_types: list[Where]
     observable: list[bool]
 
     @property
-    def signature(self) -> tuple[Any, ...]:
+    def signature(self) -> tuple[object, ...]:
         """What makes two cuts the same graph."""
         return (tuple(self.parts), tuple(self.observable))
 
@@ -394,7 +396,7 @@ def _view_node(op: RecOp) -> Node:
     wiring = iter(op.wiring)
     spec = call.spec
 
-    def arg(value: Any) -> ArgValue:
+    def arg(value: OpValue) -> ArgValue:
         return next(wiring) if value is TENSOR else _constant(value)
 
     named: list[tuple[str, ArgValue]] = []
@@ -403,7 +405,7 @@ def _view_node(op: RecOp) -> Node:
         named.append((name, arg(a)))
     named += [(name, arg(v)) for name, v in call.kwargs.items()]
     types = tuple(
-        TensorType(tuple(shape), tuple(stride), dtypes.from_name(str(dtype)), offset)
+        TensorType(tuple(shape), tuple(stride), dtypes.from_name(str(dtype)), int(offset))
         for shape, stride, offset, dtype in call.types
     )
     return Node(spec.name, tuple(named), types, tuple(Alias(j, 0) for j in range(len(types))))
@@ -437,7 +439,7 @@ def _shift_scalars(node: Node, offset: int) -> Node:
     return dataclasses.replace(node, args=tuple((n, shift(v)) for n, v in node.args))
 
 
-def _constant(value: Any) -> ArgValue:
+def _constant(value: OpValue) -> ArgValue:
     """A view op's non-tensor argument, as the graph carries it (floats stay constants)."""
     if isinstance(value, float):
         return value
