@@ -133,7 +133,7 @@ def fsdp_parks_storage() -> None:
     """FSDP2 frees an unsharded parameter by resizing its storage to 0 bytes and brings it
     back by resizing it again, which PyTorch lets only C++ backends implement. For neuron
     tensors its two helpers return the storage's HBM to the allocator and take it again
-    (Runtime.park/unpark): the memory accounting is FSDP's, the bytes stay on the host."""
+    (DeviceMemory.park/unpark, client/core/device_memory.py): the memory accounting is FSDP's, the bytes stay on the host."""
     try:
         from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
     except ImportError:  # (a torch without FSDP2)

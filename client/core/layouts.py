@@ -10,7 +10,7 @@ draw in memory order, so a channels_last activation on the CPU and a contiguous 
 device get different masks from the same seed (transformers' Segformer decode head).
 
 Both ways a device learns an output's metadata take the CPU's layout from here:
-eager dispatch and recording (client/dispatch.py, from the Meta kernel's outputs) and
+the op layer and recording (client/core/ops.py, from the Meta kernel's outputs) and
 FakeTensor, which compiled mode's AOTAutograd traces with (fake_rule).
 """
 

@@ -48,7 +48,7 @@ COUNTERS = (
     "compiled_buckets_refused",  # buckets that could not be one executable: sizes compile
     "compiled_bucket_runs",  # regions run in a bucket's executable
     "compiled_fallbacks",  # graphs AOTAutograd could not lower: run in the eager mode
-    # torch.distributed on the neuron backend (client/distributed.py).
+    # torch.distributed on the neuron backend (client/distributed/).
     "collectives",  # collectives and point-to-point transfers on the collective queues
     "collective_bytes",  # the bytes they were priced for
 )

@@ -102,7 +102,7 @@ class OpSpec:
         self.is_view = any(
             r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
         )
-        # How the eager dispatcher runs it (set by dispatch.py when it first meets the op)
+        # How the eager dispatcher runs it (set by the door, client/door/kernel.py, when it first meets the op)
         self.handler: Handler | None = None
 
 

@@ -78,7 +78,7 @@ class Runtime:
         self.measured_host = settings.host_costs == "measured"
         self._host_mark = time.perf_counter_ns()
         # storage data_ptr -> simulated end of a collective writing it that nobody waited
-        # for (client/distributed.py): the first op that reads it waits (await_collectives).
+        # for (client/distributed/): the first op that reads it waits (await_collectives).
         self.awaiting: dict[int, int] = {}
         self.recorder: Recording | None = None  # the slot: the recording mode taking ops now
         # Every recorder made, by mode ("adaptive", "region"): kept with its graphs while
@@ -118,7 +118,7 @@ class Runtime:
             self.compiler.close()
 
     def flush(self, reason: str) -> None:
-        """Runs whatever the adaptive recorder holds (a sync point or a hazard)."""
+        """Runs whatever the recorder in the slot holds (a sync point or a hazard)."""
         if self.recorder is not None:
             self.recorder.flush(reason)
 

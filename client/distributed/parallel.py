@@ -57,7 +57,7 @@ def ddp_init(original: DdpInit) -> DdpInit:
 
 
 def fsdp_free_storage(free: StorageFn) -> StorageFn:
-    """FSDP2's free_storage: a neuron tensor's storage gives its HBM back (Runtime.park);
+    """FSDP2's free_storage: a neuron tensor's storage gives its HBM back (DeviceMemory.park);
     its bytes stay on the host (PyTorch lets only C++ backends resize a storage to 0)."""
 
     def free_storage(tensor: Tensor) -> None:

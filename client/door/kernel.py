@@ -105,7 +105,7 @@ def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     count = rt.count
     count("ops_dispatched")
     key, tensors, scalars = signature(spec, args, kwargs)
-    if rt.awaiting:  # collectives' outputs nobody waited for (client/distributed.py)
+    if rt.awaiting:  # collectives' outputs nobody waited for (client/distributed/)
         rt.await_collectives(tensors)
     entry = rt.signatures.get(key)
     if entry is None:
