@@ -1,6 +1,6 @@
 """Modelled compile time: what compiling this graph at this level costs on the real compiler,
 as a deterministic function of the work the compiler does (instructions emitted, kernels
-formed, schedules the search evaluated). Clocks charge it (client/core/runtime.py: the simulated
+formed, schedules the search evaluated). Clocks charge it (client/runtime.py: the simulated
 host waits for a compile it needs; adaptive graphs become usable when theirs ends) and
 NEURON_SIM_COMPILE_SCALE burns it on a CPU (daemon workers, in-process compiles).
 

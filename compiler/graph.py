@@ -140,7 +140,7 @@ class Node:
     outputs: tuple[TensorType, ...]
     aliases: tuple[Alias, ...] = ()
     mutated_args: tuple[int, ...] = ()  # written but not returned (running stats, foreach lists)
-    cost: KernelCost | None = None  # declared by a custom kernel (client/api/kernels.py)
+    cost: KernelCost | None = None  # declared by a custom kernel (client/kernels.py)
 
     @property
     def name(self) -> str:

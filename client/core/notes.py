@@ -46,15 +46,15 @@ class Notes:
         # ran for and the user's line that called it.
         self.eager_fallbacks: list[str] = []
         self.buckets: list[str] = []
+        self.warned_fallback = False  # the eager-fallback warning is said once a process
         self.frames: dict[object, Frame] = {}
 
     def reset(self) -> None:
+        """What explain() reports of cuts and shape-only mode starts again (compiled mode's
+        notes are the process's: its fallbacks, buckets and recompiled functions stay)."""
         self.cuts.clear()
         self.shape_only.clear()
         self.warned.clear()
-        self.eager_fallbacks.clear()
-        self.buckets.clear()
-        self.frames.clear()
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

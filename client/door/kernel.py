@@ -132,7 +132,9 @@ def _entry(
     if made is None:
         return Entry(None, [], False, [], sparse_out=True)
     graph, debug = made.graph, made.debug
-    lazy = made.recordable and rt.recorder is not None and rt.recorder.defers_op_compiles
+    # (a CPU-generator draw too: a region whose draws run in order records it)
+    recordable = made.recordable or made.cpu_draw
+    lazy = recordable and rt.recorder is not None and rt.recorder.defers_op_compiles
     return Entry(
         None if lazy else rt.executables.get(graph, debug),
         made.returns,

@@ -363,7 +363,8 @@ def _eager(rt: runtime.Runtime, why: str) -> None:
     once): dynamo's captured graph itself, called op by op."""
     rt.count("compiled_fallbacks")
     NOTES.eager_fallbacks.append(why)
-    if len(NOTES.eager_fallbacks) == 1:
+    if not NOTES.warned_fallback:
+        NOTES.warned_fallback = True
         log.warning(
             "torch.compile(backend='neuron'): a graph runs in the eager mode instead (%s); "
             "counter compiled_fallbacks, reasons in torch.neuron.compiled_explain()",

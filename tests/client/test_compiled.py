@@ -85,6 +85,20 @@ def test_the_first_call_compiles_the_region_and_launches_it_once() -> None:
     assert torch.equal(y.cpu(), model._orig_mod(x).cpu())
 
 
+def test_a_dropout_in_a_region_gets_no_executable_of_its_own() -> None:
+    """Dropout draws from the CPU's generator; a region in which nothing else draws records
+    it in order, so like every op the region takes, it compiles nothing of its own."""
+    torch._dynamo.reset()
+    f = torch.compile(
+        lambda x: nn.functional.dropout(x * 2, 0.5, training=True).sum(), backend="neuron"
+    )
+    x = torch.randn(5, 11, device="neuron")  # (a shape no other test compiles)
+    before = torch.neuron.metrics()
+    f(x)
+    assert _delta(before, "compiled_graphs_ready") == 1
+    assert _delta(before, "executables_compiled") == 1  # the region's graph alone
+
+
 def test_a_new_shape_recompiles_and_says_why() -> None:
     def scale(t: torch.Tensor) -> torch.Tensor:
         return (t * 3).relu() + 1
