@@ -92,7 +92,7 @@ class Runtime:
             self.compiler, self.target, self.timeline, self.metrics, settings.compile_clock
         )
         self.numerics = settings.numerics
-        shape_only.set_numerics(settings.numerics)  # (its hooks: client/api/explain.py)
+        shape_only.set_numerics(settings.numerics)  # (its hooks: client/core/notes.py)
         self.set_mode(settings.eager_mode)
 
     def set_mode(self, mode: str) -> None:
