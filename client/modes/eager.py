@@ -28,21 +28,22 @@ def run(
     if nbytes is None:
         return _execute(rt, spec, entry, tensors, scalars)
     # the hot path: one new tensor out
-    host = rt.memory.host_alias
+    memory = rt.memory
+    host = memory.host_alias
     if entry.takes is not None:
         tensors = entry.inputs_of(tensors)
     inputs = [t if t.is_cpu else host(t) for t in tensors]
-    block = rt.memory.allocate(nbytes)
+    block = memory.allocate(nbytes)
     try:
         loaded = entry.loaded or entry.executable()
         out = loaded.run(inputs, scalars, rt.generator)[0]
     except ExecutionError as e:
-        rt.memory.free_unadopted([block])
+        memory.free_unadopted([block])
         raise execution_error(spec.name, e.cause) from e.cause
     rt.launch(loaded)
     if not entry.verified:
         _verify(entry, [out])
-    return rt.memory.adopt(to_device(out), block, out)
+    return memory.adopt(to_device(out), block, out)
 
 
 def _verify(entry: Entry, made: list[Tensor]) -> None:

@@ -223,7 +223,7 @@ class Tape:
         i = len(self.ops)
         wire = self._wire
         wiring = tuple([wire(t) for t in tensors])
-        if entry.fresh_nbytes > rt.memory.memory_capacity():  # never fits: the device's error now
+        if entry.fresh_nbytes > rt.memory.allocator.capacity:  # never fits: the device's error now
             rt.memory.allocate(entry.fresh_nbytes)
         if rt.numerics:
             hosts = [torch.empty_strided(*meta[:2], dtype=meta[2]) for meta in entry.fresh]
