@@ -27,6 +27,22 @@ LAYOUTS = {graph_pb2.STRIDED: torch.strided, graph_pb2.SPARSE_COO: torch.sparse_
 CPU = torch.device("cpu")
 
 
+def _settle_vector_math() -> None:
+    """The first vectorised math call (MKL's VML: sqrt, exp...) in a process with two or more
+    CPU threads can answer with only about 14 correct bits: on this project's 2-core machine,
+    the first `torch.sqrt` of a 64x64 float32 tensor was off by up to 1.2e-3 in 2 to 5 of
+    every 30 fresh processes, every later call exact; with MKL_NUM_THREADS=1, or after any
+    earlier VML call, 0 of 30 (torch 2.13.0's CPU build, MKL 2024.2). The simulator computes
+    the device's numbers with these kernels, so it makes that first call itself, on throwaway
+    values, before any executable runs (and before the user's own CPU math, which this fixes
+    too)."""
+    torch.sqrt(torch.ones(64))
+    torch.exp(torch.ones(64))
+
+
+_settle_vector_math()
+
+
 class ExecutionError(RuntimeError):
     """An op failed while the executable ran. Unrecoverable for this launch; the message
     names the op (and the user's source line when the executable carries debug info)."""
