@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 from trnsim import compiler
 from trnsim.compiler.graph import GraphError, from_proto
+from trnsim.daemon import wire
 from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import DaemonConfig
 from trnsim.daemon.inflight import Deliver, InFlight, Job, Waiter
@@ -287,6 +288,9 @@ class CompileService(svc_grpc.CompileServiceServicer):
             return
         try:
             from_proto(request.graph)  # validated (types, names, limits) before anything else
+            problem = wire.request_problem(request, get_target(request.target).hbm_bytes)
+            if problem is not None:
+                raise GraphError(problem)  # (never compiled, never cached)
             if key is None:
                 key = compiler.cache_key_from_proto(
                     request.graph, get_target(request.target), request.options

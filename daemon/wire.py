@@ -1,17 +1,27 @@
 """The CompileService's methods on the server, with requests decoded here, not by gRPC: a
 message that does not decode gets INVALID_ARGUMENT on a unary call, and an error answer
 (INVALID_REQUEST, id 0) on the Compile stream, which stays open. (gRPC's own decoding
-answers UNKNOWN, or ends a stream with OK and no answer.)"""
+answers UNKNOWN, or ends a stream with OK and no answer.) request_problem() refuses what
+decodes but must not be compiled: unknown operators, wrong arguments, out-of-bounds sizes."""
 
 from __future__ import annotations
 
+import functools
+import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import graph_pb2
+from trnsim.simulator import dtypes
 
+log = logging.getLogger(__name__)
 SERVICE = "trnsim.service.CompileService"
 
 
@@ -112,3 +122,137 @@ def register(server: grpc.aio.Server, service: Any) -> None:
             response_serializer=response.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
+# -- what a request may ask: torch's operators, their arguments, bounds --------------------------
+SCHEMAS = Path(__file__).with_name("op_schemas.txt")  # tests/daemon/op_schemas.py writes it
+# Declared scalars a graph may take: each is a float its executable reads at every run; a
+# million is far beyond a 100,000-node graph's (a count of 2**32-1 was once compiled).
+MAX_SCALAR_INPUTS = 1 << 20
+MAX_BYTES = (1 << 63) - 1  # a tensor's offset plus extent, in bytes, must fit in int64
+
+
+@dataclass(frozen=True)
+class Schema:
+    """An operator's arguments, as torch registers them."""
+
+    names: tuple[str, ...]
+    required: frozenset[str]  # those without a default
+    varargs: bool
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The operators of the torch daemon/op_schemas.txt was made from, by "ns::op.overload"."""
+
+    torch_version: str
+    ops: dict[str, Schema]
+    namespaces: frozenset[str]
+
+
+@functools.cache
+def registry() -> Registry | None:
+    """The operator registry, or None (op names then checked for form only) when the torch
+    installed beside the daemon is not the one it was made from: a newer torch's ops must
+    not be refused by an old list. (Read from a file: the daemon never imports torch.)"""
+    lines = SCHEMAS.read_text().splitlines()
+    made_from = lines[0].removeprefix("# torch ").strip()
+    try:
+        installed = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        installed = "none"
+    if installed != made_from:
+        log.warning(
+            "op names are checked for form only: %s lists torch %s's operators, torch %s is "
+            "installed (python tests/daemon/op_schemas.py rewrites it)",
+            SCHEMAS.name,
+            made_from,
+            installed,
+        )
+        return None
+    ops: dict[str, Schema] = {}
+    for line in lines[1:]:
+        name, *args = line.split("\t")
+        varargs = args[-1:] == ["*"]
+        names = tuple(a.removesuffix("=") for a in args if a != "*")
+        required = frozenset(a for a in args if a != "*" and not a.endswith("="))
+        ops[name] = Schema(names, required, varargs)
+    return Registry(made_from, ops, frozenset(n.split("::", 1)[0] for n in ops))
+
+
+def request_problem(request: svc.CompileRequest, device_bytes: int) -> str | None:
+    """What is wrong with a well-formed graph (compiler/graph.py validated its form) that the
+    daemon must not compile and cache: an operator torch does not have, arguments its
+    schema does not take, a scalar count or a tensor extent beyond any device. None if
+    nothing; else a message naming the node (or input) and the fault."""
+    graph = request.graph
+    if graph.num_scalar_inputs > MAX_SCALAR_INPUTS:
+        return f"{graph.num_scalar_inputs} scalar inputs, over the limit of {MAX_SCALAR_INPUTS}"
+    for k, t in enumerate(graph.inputs):
+        problem = _extent_problem(t, device_bytes)
+        if problem:
+            return f"input {k}: {problem}"
+    table = registry()
+    for i, node in enumerate(graph.nodes):
+        problem = _op_problem(node, table)
+        if problem:
+            return f"node {i} ({node.op}): {problem}"
+        for j, t in enumerate(node.outputs):
+            problem = _extent_problem(t, MAX_BYTES)
+            if problem:
+                return f"node {i} ({node.op}) output {j}: {problem}"
+    return None
+
+
+def _op_problem(node: graph_pb2.Node, table: Registry | None) -> str | None:
+    """An op outside torch's namespaces must be a custom kernel (a declared cost); one of
+    torch's must exist and be called with its schema's arguments."""
+    if table is None:
+        return None
+    namespace, _, rest = node.op.partition("::")
+    name, _, overload = rest.partition(".")
+    if namespace not in table.namespaces:
+        if node.HasField("cost"):
+            return None
+        return (
+            "neither an operator of torch nor a custom kernel with a declared cost "
+            "(torch.neuron.register_kernel)"
+        )
+    schema = table.ops.get(f"{namespace}::{name}.{overload or 'default'}")
+    if schema is None:
+        return f"torch {table.torch_version} has no such operator"
+    if not schema.varargs and len(node.args) > len(schema.names):
+        return f"{len(node.args)} arguments, its schema takes {len(schema.names)}"
+    given: set[str] = set()
+    for k, arg in enumerate(node.args):
+        if not arg.name or (arg.name not in schema.names and _POSITIONAL.fullmatch(arg.name)):
+            given.add(schema.names[k] if k < len(schema.names) else "*")  # (by position)
+        elif arg.name in schema.names or schema.varargs:
+            given.add(arg.name)
+        else:
+            return f"no argument {arg.name[:80]!r} (it takes {', '.join(schema.names)})"
+    missing = [n for n in schema.names if n in schema.required and n not in given]
+    if missing:
+        return f"missing argument {missing[0]!r} (it takes {', '.join(schema.names)})"
+    return None
+
+
+# Arguments are named by the schema, or unnamed (graphs built by hand, JSON) or "arg<k>"
+# (past the schema's positional names, client/core/ops.py): those count by position.
+_POSITIONAL = re.compile(r"arg\d+")
+
+
+def _extent_problem(t: graph_pb2.TensorType, limit: int) -> str | None:
+    """A tensor whose storage offset plus extent, in bytes, is over `limit`."""
+    if any(s < 0 for s in t.shape):
+        return None  # (a data-dependent output: sized when it has run)
+    span = 0 if any(s == 0 for s in t.shape) else 1
+    if span:
+        span += sum((s - 1) * st for s, st in zip(t.shape, t.strides, strict=False))
+    end = (t.storage_offset + span) * dtypes.itemsize(t.dtype)
+    if end > limit:
+        return (
+            f"storage offset {t.storage_offset} plus extent {span} elements end at byte "
+            f"{end}, beyond {limit} (the device's memory or int64)"
+        )
+    return None

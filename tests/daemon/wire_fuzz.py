@@ -113,6 +113,26 @@ def _deep_list(r: svc.CompileRequest, n: int) -> None:
         arg = arg.list.items.add()
 
 
+def _unknown_op(r: svc.CompileRequest, n: int) -> None:
+    """Well-formed names of operators torch does not have (daemon/op_schemas.txt)."""
+    r.graph.nodes[0].op = ["os::system", "aten::add.NoSuchOverload", f"aten::mm.x{n}"][n % 3]
+
+
+def _arity(r: svc.CompileRequest, n: int) -> None:
+    if n % 2:
+        r.graph.nodes[0].args.add(name=f"extra{n}", none={})
+    else:
+        del r.graph.nodes[0].args[1]
+
+
+def _scalar_count(r: svc.CompileRequest, n: int) -> None:
+    r.graph.num_scalar_inputs = (1 << 32) - 1 - n
+
+
+def _huge_offset(r: svc.CompileRequest, n: int) -> None:
+    r.graph.inputs[0].storage_offset = (1 << 62) + n
+
+
 MUTATIONS: list[Callable[[svc.CompileRequest, int], None]] = [
     _dtype,
     _negative_size,
@@ -129,6 +149,10 @@ MUTATIONS: list[Callable[[svc.CompileRequest, int], None]] = [
     _undeclared_scalar,
     _alias_out_of_range,
     _deep_list,
+    _unknown_op,
+    _arity,
+    _scalar_count,
+    _huge_offset,
 ]
 
 
