@@ -9,7 +9,7 @@ import sys
 
 import diskcache
 from trnsim import compiler
-from trnsim.daemon.cache import DiskTierOff, ExecutableCache, why_off
+from trnsim.daemon.cache import DiskTierOff, ExecutableCache
 from trnsim.daemon.options import config_from
 
 
@@ -39,7 +39,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     except DiskTierOff as e:  # (opening it failed: read-only, full, locked)
         print(f"error: cannot use the cache at {directory}: {e}", file=sys.stderr)
     except (sqlite3.Error, OSError, diskcache.Timeout) as e:
-        print(f"error: `trnsim cache {args.cache_command}` stopped: {why_off(e)}", file=sys.stderr)
+        print(
+            f"error: `trnsim cache {args.cache_command}` stopped: {cache.why(e)}", file=sys.stderr
+        )
     finally:
         cache.close()
     return 3

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -243,11 +244,11 @@ class ExecutableCache:
             fresh = not (self.directory / "cache.db").exists()
             disk, replaced = self._open_intact()
         except (sqlite3.Error, OSError, diskcache.Timeout) as e:
-            reason = why_off(e)
+            reason = self.why(e)
             if reason != self.disk_off:
                 log.warning(
                     "disk cache %s is off: %s; compiles are kept in memory only, and the disk "
-                    "is tried again every %.0f s (trnsim stats shows it)",
+                    "is tried again every %g s (trnsim stats shows it)",
                     self.directory,
                     reason,
                     self._retry_s,
@@ -263,6 +264,17 @@ class ExecutableCache:
         if fresh or replaced:  # value files a lost cache.db left
             self._disk(lambda d: remove_orphan_files(d, ORPHAN_AGE_S), 0)
         return True
+
+    def why(self, error: BaseException) -> str:
+        """why_off(error), knowing whether the cache's filesystem is read-only or full."""
+        # (SQLite may say only "unable to open database file" on a read-only filesystem, and
+        # "disk I/O error" on a full one: its shared-memory index cannot grow)
+        try:
+            full = shutil.disk_usage(self.directory).free < 64 * 1024
+        except OSError:
+            full = False
+        read_only = not os.access(self.directory, os.W_OK)
+        return why_off(error, read_only=read_only, full=full)
 
     def _retry(self) -> None:
         while not self._closed.wait(self._retry_s):
@@ -626,19 +638,19 @@ class ExecutableCache:
                 self.disk.close()
 
 
-def why_off(error: BaseException) -> str:
-    """What stops the disk tier from opening, and what to do, in one line."""
+def why_off(error: BaseException, read_only: bool = False, full: bool = False) -> str:
+    """What stops the disk tier from opening or writing, and what to do, in one line."""
     text = str(error)
     errno_ = getattr(error, "errno", None)
-    if "readonly" in text or "read-only" in text or errno_ in (errno.EROFS, errno.EACCES):
-        what = "cannot be written (read-only)"
+    if read_only or "readonly" in text or errno_ in (errno.EROFS, errno.EACCES):
+        what = "the cache cannot be written (read-only)"
         do = "make the cache directory writable, or point --cache-dir elsewhere"
-    elif "full" in text or errno_ in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+    elif full or "full" in text or errno_ in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
         what = "the disk is full"
         do = "free space there, or lower --disk-cache-mb, or point --cache-dir elsewhere"
     elif "locked" in text or isinstance(error, diskcache.Timeout):
         what = f"cache.db is locked by another process for over {OPEN_WAIT_S:.0f} s"
-        do = "a `trnsim cache` command or another daemon holds it; it is tried again"
+        do = "a `trnsim cache` command or another daemon holds it; wait for it to finish"
     else:
         what = "it cannot be opened"
         do = "run `trnsim cache verify`, or point --cache-dir elsewhere"
