@@ -483,6 +483,7 @@ class ExecutableCache:
 
     # -- deterministic compile errors, remembered for a while ------------------------------------
     def get_error(self, key: str) -> svc.CompileError | None:
+        self._maybe_clamp()  # (an error stamped by a clock ahead is not served past its TTL)
         with self._lock:
             entry = self._errors.get(key)
         raw = entry[1] if entry is not None and entry[0] > time.monotonic() else None

@@ -88,6 +88,11 @@ def test_start_on_a_read_only_cache(short_tmp, tmpfs):
     finally:
         d.stop()
     assert cli(["cache", "--cache-dir", str(disk / "cache"), "verify"]) == 3
+    d = start_daemon(short_tmp, "--workers", "1", cache_dir=disk / "never-made")
+    try:
+        assert "read-only" in _serves_from_memory(d).disk_tier_off, "nor a cache to create"
+    finally:
+        d.stop()
 
 
 def _fill(disk: Path) -> None:
