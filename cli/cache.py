@@ -20,6 +20,7 @@ def _cache(args: argparse.Namespace) -> ExecutableCache:
         1,
         config.disk_cache_bytes,
         tag=compiler.compiler_version(),
+        retry_s=None,  # (a disk tier that cannot open: cmd_cache says why, and stops)
     )
 
 

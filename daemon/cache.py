@@ -75,7 +75,7 @@ class DiskTier(diskcache.Cache):  # type: ignore[misc]
     it opens, and whose volume counts all it occupies: the database, its value files, its
     write-ahead log (cache.db-wal, kept small) and a damaged database kept beside it."""
 
-    extra_bytes = 0  # a damaged database kept for a post-mortem (_ExecutableCache._asides)
+    extra_bytes = 0  # a damaged database kept for a post-mortem (ExecutableCache._asides)
 
     @property
     def _sql_retry(self) -> Callable[..., Any]:
@@ -200,7 +200,8 @@ class ExecutableCache:
 
     A disk tier that cannot be opened (a read-only, full or locked cache.db) is off: the
     memory tier serves alone, `disk_off` says why (logged once, shown by `trnsim stats`),
-    and it is tried again every `retry_s` until it opens."""
+    and it is tried again every `retry_s` until it opens (retry_s None: never, and the
+    caller reports `disk_off` itself: the `trnsim cache` commands)."""
 
     EXE = "exe:"
     ERR = "err:"
@@ -212,7 +213,7 @@ class ExecutableCache:
         memory_bytes: int,
         disk_bytes: int,
         tag: str = "",
-        retry_s: float = DISK_RETRY_S,
+        retry_s: float | None = DISK_RETRY_S,
     ) -> None:
         self.directory = directory
         self.tag = tag  # the compiler version: prune drops entries of other versions
@@ -231,8 +232,10 @@ class ExecutableCache:
         self._clamped_at = time.monotonic()
         self._closed = threading.Event()
         self._retry_s = retry_s
-        if not self._turn_on():
-            threading.Thread(target=self._retry, name="disk-cache-retry", daemon=True).start()
+        if not self._turn_on() and retry_s is not None:
+            retry = threading.Thread(target=self._retry, args=(retry_s,), daemon=True)
+            retry.name = "disk-cache-retry"
+            retry.start()
 
     # -- opening the disk tier --------------------------------------------------------------------
     def _turn_on(self) -> bool:
@@ -245,7 +248,7 @@ class ExecutableCache:
             disk, replaced = self._open_intact()
         except (sqlite3.Error, OSError, diskcache.Timeout) as e:
             reason = self.why(e)
-            if reason != self.disk_off:
+            if reason != self.disk_off and self._retry_s is not None:  # (else: the caller's)
                 log.warning(
                     "disk cache %s is off: %s; compiles are kept in memory only, and the disk "
                     "is tried again every %g s (trnsim stats shows it)",
@@ -276,8 +279,8 @@ class ExecutableCache:
         read_only = not os.access(self.directory, os.W_OK)
         return why_off(error, read_only=read_only, full=full)
 
-    def _retry(self) -> None:
-        while not self._closed.wait(self._retry_s):
+    def _retry(self, every_s: float) -> None:
+        while not self._closed.wait(every_s):
             if self._turn_on():
                 log.warning("disk cache %s is on again", self.directory)
                 return
@@ -294,7 +297,7 @@ class ExecutableCache:
             disk=BytesDisk,
             cull_limit=16,
             timeout=1.0,
-            sqlite_wal_autocheckpoint=max(1, budget // 4096),
+            sqlite_wal_autocheckpoint=max(1, budget // 4096),  # (pages: SQLite's 4 KiB)
             sqlite_journal_size_limit=budget,
         )
 
