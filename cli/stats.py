@@ -59,7 +59,9 @@ def format_stats(s: svc.StatsResponse) -> str:
         ),
         (
             "disk tier: entries, bytes, evictions",
-            f"{s.disk.entries}, {s.disk.bytes}, {s.disk.evictions}",
+            f"{s.disk.entries}, {s.disk.bytes}, {s.disk.evictions}"
+            if not s.disk_tier_off
+            else f"off: {s.disk_tier_off}",
         ),
         ("connected clients, uptime", f"{s.connected_clients}, {s.uptime_seconds:.0f} s"),
         ("dropped jobs (nobody waiting)", str(s.dropped_jobs)),

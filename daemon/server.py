@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -80,7 +81,8 @@ def create_server(
     config.address = address
     compile_scale()  # (a bad NEURON_SIM_COMPILE_SCALE stops the start, not every worker)
     if not config.cache_dir.exists():  # (an existing one, shared maybe, keeps its mode)
-        ensure_private_dir(config.cache_dir)
+        with contextlib.suppress(OSError):  # (read-only, full: the cache logs its disk tier off)
+            ensure_private_dir(config.cache_dir)
     service = service or build_service(config)
     server = grpc.aio.server(
         options=[

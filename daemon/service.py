@@ -538,6 +538,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 dropped_jobs=self.inflight.dropped,
                 disk_errors=self.cache.disk_errors,
                 workers_alive=self.pool.alive(),
+                disk_tier_off=self.cache.disk_off,
             )
         return response
 
