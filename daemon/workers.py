@@ -34,7 +34,9 @@ STOPPING = "the compile daemon is shutting down"
 
 
 class _Process:
-    """One worker process and its pipes."""
+    """One worker process and its pipes. Started by the thread that supervises it, which
+    outlives it: Linux sends the parent-death signal (worker.die_with) when the thread
+    that forked a process ends, not only the whole daemon."""
 
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
