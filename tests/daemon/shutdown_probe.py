@@ -4,9 +4,9 @@
 
 Starts its own daemon (2 workers) on a temporary socket and cache, twice. Each time a client
 asks for a compile that takes `--compile` seconds in a worker (debug_sleep_ms), and the
-daemon is signalled once that compile runs: SIGTERM the first time (it drains for `--drain`
-seconds), SIGKILL the second. Prints one JSON line per case: what the client got, when, and
-how long after the signal the daemon's workers were all gone.
+daemon is signalled once that compile runs and its workers have started: SIGTERM the first
+time (it drains for `--drain` seconds), SIGKILL the second. Prints one JSON line per case:
+what the client got, when, and how long after the signal the daemon's workers were gone.
 """
 
 from __future__ import annotations
@@ -36,6 +36,14 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _guarded(pid: int) -> bool:
+    """Past its start-up: its parent watch runs (worker.die_with)."""
+    try:
+        return psutil.Process(pid).num_threads() >= 2
+    except psutil.Error:
+        return False
+
+
 def probe(sig: signal.Signals, drain_s: float, compile_s: float) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="trn-probe-", dir="/tmp"))
     d = start_daemon(root, "--workers", "2", "--drain-timeout", str(drain_s))
@@ -43,14 +51,23 @@ def probe(sig: signal.Signals, drain_s: float, compile_s: float) -> dict[str, An
     client = DaemonCompileClient(d.address, auto_start=False)
     slow = job(70, debug_sleep_ms=int(compile_s * 1000))
     marks: dict[str, float] = {}
+    guarded: list[int] = []  # workers past their start-up when signalled
+    gone: dict[int, float] = {}  # worker -> seconds from the signal to its exit
 
     def signal_once_compiling() -> None:
-        while daemon_stats(d.address).in_flight == 0:
+        deadline = time.monotonic() + 30  # (the workers' start-up, on a loaded machine)
+        while daemon_stats(d.address).in_flight == 0 or (
+            time.monotonic() < deadline and not all(_guarded(p) for p in workers)
+        ):
             time.sleep(0.02)
+        guarded[:] = [p for p in workers if _guarded(p)]
         marks["signal"] = time.monotonic()
         d.proc.send_signal(sig)
-        while not all(_gone(p) for p in workers):
-            time.sleep(0.01)
+        while len(gone) < len(workers):
+            for p in workers:
+                if p not in gone and _gone(p):
+                    gone[p] = time.monotonic() - marks["signal"]
+            time.sleep(0.005)
         marks["workers_gone"] = time.monotonic()
 
     watcher = threading.Thread(target=signal_once_compiling)
@@ -79,6 +96,8 @@ def probe(sig: signal.Signals, drain_s: float, compile_s: float) -> dict[str, An
         "signal_to_answer_s": round(answered - marks["signal"], 2),
         "signal_to_workers_gone_s": round(marks["workers_gone"] - marks["signal"], 2),
         "workers": len(workers),
+        "workers_started_up_at_signal": len(guarded),
+        "each_worker_gone_s": sorted(round(t, 2) for t in gone.values()),
         "daemon_exit": status,
     }
 
