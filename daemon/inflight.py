@@ -4,7 +4,8 @@ A request for a key already queued or compiling joins that job (its waiter count
 the queue hands workers the most urgent job (policy/priorities.py); a queued job whose
 waiters all left is dropped without compiling. Waiters come only from open streams: a
 request still on its way through the I/O threads when its stream closes, or when it is
-cancelled, never starts a compile nobody waits for.
+cancelled, never starts a compile nobody waits for. Shutting down, every waiter is answered
+(cancel_all), and one that comes after is answered at once.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class InFlight:
         self.joins = 0
         self.dropped = 0
         self.refused = 0  # waiters of closed streams or cancelled requests, never queued
+        self._cancelled: str | None = None  # why every waiter is answered CANCELLED (cancel_all)
         # open stream -> ids of its requests cancelled before they could be queued
         self._streams: dict[int, set[int]] = {}
 
@@ -92,22 +94,31 @@ class InFlight:
 
     def submit(self, key: str, request: svc.CompileRequest, waiter: Waiter) -> bool:
         """Adds a waiter for key; returns True when it joined a job already in flight. The
-        waiter of a closed stream or of a cancelled request is dropped (no answer is owed)."""
+        waiter of a closed stream or of a cancelled request is dropped (no answer is owed);
+        after cancel_all(), a waiter is answered CANCELLED at once."""
         with self._cond:
             cancelled = self._streams.get(waiter.stream)
             if cancelled is None or waiter.request_id in cancelled:
                 self.refused += 1
                 return False
-            job = self._jobs.get(key)
-            if job is not None:
-                waiter.joined = True
-                job.waiters.append(waiter)
-                self.joins += 1
-                self._cond.notify_all()
-                return True
-            self._jobs[key] = Job(key, request, waiters=[waiter])
+            why = self._cancelled
+            if why is None:
+                return self._add(key, request, waiter)
+        _deliver(Job(key, request), [waiter], _cancelled(why))
+        return False
+
+    def _add(self, key: str, request: svc.CompileRequest, waiter: Waiter) -> bool:
+        """submit()'s waiter joins key's job, or starts one (called holding self._cond)."""
+        job = self._jobs.get(key)
+        if job is not None:
+            waiter.joined = True
+            job.waiters.append(waiter)
+            self.joins += 1
             self._cond.notify_all()
-            return False
+            return True
+        self._jobs[key] = Job(key, request, waiters=[waiter])
+        self._cond.notify_all()
+        return False
 
     def withdraw(self, stream: int, request_id: int | None = None) -> None:
         """A stream closed (or cancelled one request): its waiters leave their jobs."""
@@ -172,18 +183,7 @@ class InFlight:
         with self._cond:
             self._jobs.pop(job.key, None)
             waiters = list(job.waiters)
-        now = time.monotonic()
-        for w in waiters:
-            out = svc.CompileResult()
-            out.CopyFrom(result)
-            out.id = w.request_id
-            out.modelled_seconds_waited = result.modelled_compile_seconds * _share(job, w, now)
-            if w.joined and out.WhichOneof("outcome") == "executable":
-                out.tier = svc.JOINED
-            try:
-                w.deliver(out)
-            except Exception:  # (a closed stream): the other waiters still get theirs
-                log.exception("answering request %d failed", w.request_id)
+        _deliver(job, waiters, result)
         return len(waiters)
 
     def cancel_queued(self, message: str) -> int:
@@ -192,12 +192,25 @@ class InFlight:
             queued = [j for j in self._jobs.values() if not j.running]
             for j in queued:
                 del self._jobs[j.key]
-        error = svc.CompileResult(
-            error=svc.CompileError(error_class=svc.CANCELLED, message=message)
-        )
         for j in queued:
-            self.finish(j, error)
+            self.finish(j, _cancelled(message))
         return len(queued)
+
+    def cancel_all(self, message: str) -> int:
+        """Shutting down: every waiter, of a queued or a running job, is answered CANCELLED
+        now (the number answered), and every later one at once. A running compile that ends
+        after answers nobody: each waiter gets one answer."""
+        with self._cond:
+            self._cancelled = message
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+            handed = [(j, j.waiters) for j in jobs]
+            for j in jobs:
+                j.waiters = []
+            self._cond.notify_all()
+        for j, waiters in handed:
+            _deliver(j, waiters, _cancelled(message))
+        return sum(len(waiters) for _, waiters in handed)
 
     def close(self) -> None:
         with self._cond:
@@ -211,6 +224,26 @@ class InFlight:
             running = sum(1 for j in self._jobs.values() if j.running)
             waiters = sum(len(j.waiters) for j in self._jobs.values())
         return queued, running, waiters
+
+
+def _deliver(job: Job, waiters: list[Waiter], result: svc.CompileResult) -> None:
+    """Hands each waiter its copy of a job's result, under its own request id."""
+    now = time.monotonic()
+    for w in waiters:
+        out = svc.CompileResult()
+        out.CopyFrom(result)
+        out.id = w.request_id
+        out.modelled_seconds_waited = result.modelled_compile_seconds * _share(job, w, now)
+        if w.joined and out.WhichOneof("outcome") == "executable":
+            out.tier = svc.JOINED
+        try:
+            w.deliver(out)
+        except Exception:  # (a closed stream): the other waiters still get theirs
+            log.exception("answering request %d failed", w.request_id)
+
+
+def _cancelled(message: str) -> svc.CompileResult:
+    return svc.CompileResult(error=svc.CompileError(error_class=svc.CANCELLED, message=message))
 
 
 def _share(job: Job, waiter: Waiter, now: float) -> float:

@@ -30,6 +30,12 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-cache-mb", type=int, help="the disk tier's size in MiB (default 4096)")
     p.add_argument("--compile-timeout", type=float, help="seconds before a compile is killed")
     p.add_argument(
+        "--drain-timeout",
+        type=float,
+        help="on SIGTERM, seconds running compiles may take to finish before their clients "
+        "are told to compile in process and the workers are stopped (default 30)",
+    )
+    p.add_argument(
         "--system",
         action="store_true",
         default=argparse.SUPPRESS,
@@ -60,4 +66,6 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         config.disk_cache_bytes = args.disk_cache_mb * 1024 * 1024
     if getattr(args, "compile_timeout", None):
         config.compile_timeout_s = args.compile_timeout
+    if getattr(args, "drain_timeout", None) is not None:
+        config.drain_timeout_s = args.drain_timeout
     return config

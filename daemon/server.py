@@ -146,6 +146,7 @@ async def _serve(config: DaemonConfig) -> int:
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await loop.run_in_executor(None, service.drain, config.drain_timeout_s)
+    service.end_streams()  # (every waiter has its answer: streams end with it, not cut)
     await server.stop(grace=2)
     service.close()
     if socket_file is not None and socket_file.exists():

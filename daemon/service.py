@@ -22,7 +22,7 @@ from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import DaemonConfig
 from trnsim.daemon.inflight import Deliver, InFlight, Job, Waiter
 from trnsim.daemon.wire import Undecodable
-from trnsim.daemon.workers import Done, WorkerPool
+from trnsim.daemon.workers import STOPPING, Done, WorkerPool, reap_orphans
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos.blobs import blob_ok
@@ -136,6 +136,8 @@ class CompileService(svc_grpc.CompileServiceServicer):
         self.last_activity = time.monotonic()
         self.draining = False
         self._streams = 0
+        self._ending = False  # end_streams() was called: every stream ends once answered
+        self._enders: dict[int, Callable[[], None]] = {}  # open stream -> end it (loop only)
         self._stream_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="daemon-io")
@@ -162,6 +164,9 @@ class CompileService(svc_grpc.CompileServiceServicer):
         # (answer, whether it settles an owed request) | "closed" | "gone"
         out: asyncio.Queue[tuple[svc.CompileResult, bool] | str] = asyncio.Queue()
         owed: Counter[int] = Counter()  # answers still owed, by request id (loop only)
+        self._enders[stream] = lambda: out.put_nowait("closed")
+        if self._ending:
+            out.put_nowait("closed")
 
         def from_thread(result: svc.CompileResult) -> None:
             loop.call_soon_threadsafe(out.put_nowait, (result, True))
@@ -197,6 +202,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 yield result
         finally:
             reader.cancel()
+            self._enders.pop(stream, None)
             self.inflight.close_stream(stream)
             with self._lock:
                 self._streams -= 1
@@ -313,10 +319,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             deliver(
                 svc.CompileResult(
                     id=request.id,
-                    error=svc.CompileError(
-                        error_class=svc.CANCELLED,
-                        message="the daemon is shutting down; compile in process",
-                    ),
+                    error=svc.CompileError(error_class=svc.CANCELLED, message=STOPPING),
                 )
             )
             return
@@ -548,16 +551,35 @@ class CompileService(svc_grpc.CompileServiceServicer):
         return self._streams == 0 and queued == 0 and running == 0
 
     def drain(self, timeout_s: float) -> None:
-        """No new compiles; running ones finish (up to timeout_s); queued ones go back."""
+        """No new compiles; running ones finish (up to timeout_s); queued ones go back. Then
+        every request still waiting is answered CANCELLED (its client compiles it in process)
+        and the workers are stopped, mid-compile or not. Call end_streams() after, on the
+        event loop, for the answers to reach their clients before the server stops."""
         self.draining = True
-        self.inflight.cancel_queued("the daemon is shutting down; compile in process")
+        self.inflight.cancel_queued(STOPPING)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             _, running, _ = self.inflight.counts()
             if running == 0:
                 break
             time.sleep(0.05)
-        self.inflight.cancel_queued("the daemon is shutting down; compile in process")
+        cancelled = self.inflight.cancel_all(STOPPING)
+        if cancelled:
+            log.warning(
+                "%d requests still waited after the %.0f s drain: answered CANCELLED "
+                "(their clients compile in process)",
+                cancelled,
+                timeout_s,
+            )
+        self.pool.stop()
+
+    def end_streams(self) -> None:
+        """Ends every Compile stream, now and later, once its owed answers are sent: its
+        client sees the stream end (and compiles in process), not the server's cancel.
+        On the event loop, after drain()."""
+        self._ending = True
+        for end in list(self._enders.values()):
+            end()
 
     def close(self) -> None:
         self.pool.stop()
@@ -568,6 +590,13 @@ class CompileService(svc_grpc.CompileServiceServicer):
 def build_service(config: DaemonConfig) -> CompileService:
     """The daemon's own parts: the cache in config.cache_dir, worker processes."""
     version = compiler.compiler_version()
+    orphans = reap_orphans()
+    if orphans:
+        log.warning(
+            "killed %d compile workers left by a daemon that died: pids %s",
+            len(orphans),
+            ", ".join(map(str, orphans)),
+        )
     cache = ExecutableCache(
         config.cache_dir / "executables",
         config.memory_cache_bytes,

@@ -1,14 +1,19 @@
 """A compile worker process: reads CompileRequests on stdin, writes CompileResults on stdout.
 
 Messages are length-prefixed protobuf (4 bytes big-endian, then the message): nothing
-that crosses the process boundary is pickled. Started by workers.WorkerPool.
+that crosses the process boundary is pickled. Started by workers.WorkerPool as
+`python -m trnsim.daemon.worker --parent <daemon pid>`; it never outlives that daemon.
 """
 
 from __future__ import annotations
 
+import argparse
+import ctypes
 import os
+import signal
 import struct
 import sys
+import threading
 import time
 from typing import BinaryIO
 
@@ -19,6 +24,9 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos.blobs import make_blob
 
 _HEADER = struct.Struct(">I")
+PARENT_OPTION = "--parent"  # the daemon's pid, on the command line (workers.reap_orphans reads it)
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+WATCH_PARENT_S = 0.5
 
 
 def read_message(stream: BinaryIO) -> bytes | None:
@@ -74,7 +82,35 @@ def compile_request(request: svc.CompileRequest, scale: float = 0.0) -> svc.Comp
     return result
 
 
-def main() -> None:
+def die_with(parent: int) -> None:
+    """Ends this process when its daemon (pid `parent`) dies, however it dies: a compile
+    finished for nobody only holds a CPU. On Linux the kernel kills it (PR_SET_PDEATHSIG,
+    even mid-compile); everywhere a thread checks the parent twice a second; and a worker
+    waiting for work sees its stdin close. A parent already gone before the signal was set
+    (the daemon died while this process started) ends it at once."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+    threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:  # (an orphan is adopted by init or a subreaper)
+        time.sleep(WATCH_PARENT_S)
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m trnsim.daemon.worker")
+    p.add_argument(PARENT_OPTION, type=int, help="the daemon's pid: exit when it is gone")
+    args = p.parse_args(argv)
+    if args.parent is not None:
+        die_with(args.parent)
+    # A terminal's Ctrl-C reaches the whole process group: the daemon drains (its running
+    # compiles finish) and then stops its workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # nothing but messages on the pipe

@@ -1,6 +1,8 @@
 """The compile worker pool: processes running compiler/ (never torch), each fed by a
 supervising thread. A worker that dies fails only its job (retried once) and is replaced;
-a compile over the time limit is killed."""
+a compile over the time limit is killed. Workers never outlive the daemon: stopping the pool
+ends them, a daemon's death ends them (worker.die_with), and a daemon starting reaps those
+an earlier daemon left (reap_orphans)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 
+import psutil
 from google.protobuf.message import DecodeError
 from trnsim.daemon.inflight import InFlight, Job
-from trnsim.daemon.worker import read_message, write_message
+from trnsim.daemon.worker import PARENT_OPTION, read_message, write_message
 from trnsim.policy import priorities
 from trnsim.protos import compile_service_pb2 as svc
 
@@ -25,15 +28,20 @@ log = logging.getLogger(__name__)
 # Hands a job's result (or the daemon's error for it) to the service, on the thread that
 # supervised the compile: the service caches it and answers the job's waiters.
 Done = Callable[[Job, svc.CompileResult], None]
+WORKER_MODULE = "trnsim.daemon.worker"
+STOP_GRACE_S = 1.0  # a stopped worker's time to exit on SIGTERM before SIGKILL
+STOPPING = "the compile daemon is shutting down"
 
 
 class _Process:
-    """One worker process and its pipes."""
+    """One worker process and its pipes. Started by the thread that supervises it, which
+    outlives it: Linux sends the parent-death signal (worker.die_with) when the thread
+    that forked a process ends, not only the whole daemon."""
 
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trnsim.daemon.worker"],
+            [sys.executable, "-m", WORKER_MODULE, PARENT_OPTION, str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -59,6 +67,12 @@ class _Process:
             return "died" if data is None else svc.CompileResult.FromString(data)
         except (OSError, DecodeError):
             return "died"  # a worker that writes garbage is as good as dead
+
+    def terminate(self) -> None:
+        """Asks it to exit (SIGTERM): kill() after a grace makes sure."""
+        with contextlib.suppress(OSError):
+            if self.proc.poll() is None:
+                self.proc.terminate()
 
     def kill(self) -> None:
         """Gone for good, whatever state it and its pipes are in (a dead reader makes
@@ -88,6 +102,7 @@ class WorkerPool:
         self.busy = 0
         self._lock = threading.Lock()
         self._stopping = False
+        self._procs: set[_Process] = set()  # every live worker, for stop() to end
         self._threads = [
             threading.Thread(target=self._run, name=f"compile-worker-{i}", daemon=True)
             for i in range(size)
@@ -114,7 +129,7 @@ class WorkerPool:
                 proc = self._run_job(proc, job)
         finally:
             if proc is not None:
-                proc.kill()
+                self._end(proc)
 
     def _run_job(self, proc: _Process, job: Job) -> _Process | None:
         with self._lock:
@@ -131,16 +146,28 @@ class WorkerPool:
                 self.busy -= 1
 
     def _spawn(self) -> _Process | None:
-        try:
-            return _Process()
-        except OSError as e:  # (fork failed, out of descriptors): try again shortly
-            log.error("could not start a compile worker: %s", e)
-            time.sleep(1.0)
-            return None
+        """A new worker, registered for stop() to end; none once the pool is stopping."""
+        with self._lock:  # (stop() sees every worker started before it set _stopping)
+            if self._stopping:
+                return None
+            try:
+                proc = _Process()
+            except OSError as e:  # (fork failed, out of descriptors): try again shortly
+                log.error("could not start a compile worker: %s", e)
+            else:
+                self._procs.add(proc)
+                return proc
+        time.sleep(1.0)
+        return None
+
+    def _end(self, proc: _Process) -> None:
+        proc.kill()
+        with self._lock:
+            self._procs.discard(proc)
 
     def _replace(self, proc: _Process | None, why: str) -> _Process | None:
         if proc is not None:
-            proc.kill()
+            self._end(proc)
             with self._lock:
                 self.restarts += 1
             log.warning("%s; starting another", why)
@@ -151,6 +178,10 @@ class WorkerPool:
         if isinstance(outcome, svc.CompileResult):
             self.done(job, outcome)
             return proc
+        if self._stopping:  # ended by stop(): no retry, no new worker
+            self._end(proc)
+            self.done(job, _error(svc.CANCELLED, STOPPING))
+            return None
         fresh = self._replace(proc, f"a compile worker {outcome} on {job.key[:16]}")
         if outcome == "timeout":
             message = (
@@ -165,11 +196,51 @@ class WorkerPool:
         return fresh
 
     def stop(self, wait_s: float = 5.0) -> None:
-        self._stopping = True
+        """Ends every worker, mid-compile or idle: SIGTERM, then SIGKILL for any still there
+        after STOP_GRACE_S; no worker is started after. The service answers the jobs' waiters
+        first (CompileService.drain); a job still running is answered CANCELLED. Again: a
+        no-op."""
+        with self._lock:
+            self._stopping = True
+            procs = list(self._procs)
         self.inflight.close()
+        for proc in procs:
+            proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.proc.wait(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            self._end(proc)
         deadline = time.monotonic() + wait_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+def reap_orphans() -> list[int]:
+    """Kills the compile workers of this user whose daemon is gone (the pids killed): a
+    worker started with `--parent P` whose parent is no longer P was orphaned (a process's
+    parent changes only when it dies). Such a worker would finish its compile for nobody.
+    Only this user's processes running this module with that option are considered."""
+    orphans = [p for p in psutil.process_iter(["uids", "cmdline", "ppid"]) if _orphan(p)]
+    for p in orphans:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(orphans, timeout=STOP_GRACE_S)
+    return [p.pid for p in orphans]
+
+
+def _orphan(p: psutil.Process) -> bool:
+    info = p.info
+    cmdline, uids = info.get("cmdline") or [], info.get("uids")
+    if uids is None or uids.real != os.getuid() or p.pid == os.getpid():
+        return False
+    try:
+        at = cmdline.index(WORKER_MODULE)
+        parent = int(cmdline[cmdline.index(PARENT_OPTION, at) + 1])
+    except (ValueError, IndexError):
+        return False  # not a worker, or not one started with its daemon's pid
+    return at > 0 and cmdline[at - 1] == "-m" and info.get("ppid") != parent
 
 
 def _error(error_class: svc.ErrorClass, message: str) -> svc.CompileResult:
