@@ -41,15 +41,22 @@ def _hold_path(path: Path, system: bool) -> PathLock:
     return PathLock.acquire(path, 0o640 if system else 0o600)
 
 
-def _prepare_socket(path: Path) -> None:
-    """With the path's lock held: a socket file there is a dead daemon's, unless a daemon of
-    a version before the lock listens on it (gRPC would unlink it when binding)."""
-    if path.exists():
-        if _answers(path):
-            raise ConfigError(
-                f"a daemon already listens on {path}; stop it first (trnsim daemon stop)"
-            )
-        path.unlink()  # a stale socket from a daemon that died
+def _check_socket(path: Path) -> None:
+    """With the path's lock held: a socket file there is a dead daemon's (replaced when this
+    one binds), unless a daemon of a version before the lock listens on it."""
+    if path.exists() and _answers(path):
+        raise ConfigError(f"a daemon already listens on {path}; stop it first (trnsim daemon stop)")
+
+
+def _bind_unix(server: grpc.aio.Server, path: Path, mode: int) -> None:
+    """Binds under a name of this process's own, then renames the socket onto path: gRPC
+    unlinks the name it binds, at bind and again at shutdown, whatever file is there by
+    then; this way the only name it ever unlinks is its own, and a dead daemon's socket at
+    path is replaced in one step. (The socket is the same after the rename.)"""
+    private = path.parent / f".bind-{os.getpid()}"
+    server.add_insecure_port(f"unix:{private}")
+    os.chmod(private, mode)
+    os.replace(private, path)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -126,7 +133,7 @@ def create_server(
 def _create_server(address: str, config: DaemonConfig, service: CompileService | None) -> Bound:
     path = socket_path(address)
     if path is not None:
-        _prepare_socket(path)
+        _check_socket(path)
     elif not tcp_allowed() and not address.startswith(("localhost:", "127.0.0.1:", "[::1]:")):
         raise ConfigError(
             f"TCP address {address!r}: set TRNSIM_ALLOW_TCP=1 to listen beyond loopback"
@@ -150,12 +157,15 @@ def _create_server(address: str, config: DaemonConfig, service: CompileService |
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
+        if path is not None:
+            _bind_unix(server, path, 0o660 if config.system else 0o600)
+            return Bound(server, address, service, health_servicer)
         port = server.add_insecure_port(address)
     except RuntimeError as e:  # (gRPC's "Failed to bind": a port in use, a path too long)
         raise _cannot_listen(address) from e
-    if path is None and port == 0:
+    if port == 0:
         raise _cannot_listen(address)
-    bound = address if path is not None else f"{address.rsplit(':', 1)[0]}:{port}"
+    bound = f"{address.rsplit(':', 1)[0]}:{port}"
     return Bound(server, bound, service, health_servicer)
 
 
@@ -193,10 +203,6 @@ async def _run(bound: Bound, config: DaemonConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    socket_file = socket_path(bound.address)
-    if socket_file is not None:
-        bound.socket_id = bound.socket_id or _identity(socket_file)
-        os.chmod(socket_file, 0o660 if config.system else 0o600)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
