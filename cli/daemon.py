@@ -10,13 +10,18 @@ import sys
 import time
 
 from trnsim import compiler
-from trnsim.daemon import launcher
+from trnsim.daemon import launcher, pathlock
+from trnsim.daemon.config import socket_path
 from trnsim.daemon.options import config_from
 from trnsim.daemon.server import serve_in_foreground
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    return serve_in_foreground(config_from(args))
+    try:
+        return serve_in_foreground(config_from(args))
+    except pathlock.PathHeld as e:  # (the same status as `python -m trnsim.daemon`)
+        print(f"error: {e}", file=sys.stderr)
+        return pathlock.EXIT_PATH_HELD
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -26,6 +31,14 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"already running: pid {info.pid} on {config.address}")
         return 0
     info = launcher.ensure_daemon(config.address, idle_exit_s=config.idle_exit_s)
+    path = socket_path(config.address)
+    holder = pathlock.held_by(path) if info is None and path is not None else None
+    if holder is not None:
+        print(
+            f"starting: pid {holder or '?'} holds {config.address} but does not answer yet "
+            f"(opening its cache?); `trnsim daemon status` tells when it does"
+        )
+        return 0
     if info is None:
         print(
             f"error: the daemon did not start on {config.address}; see daemon.log next to the socket",

@@ -12,9 +12,11 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from trnsim.daemon import pathlock
 from trnsim.daemon.config import ConfigError, default_address, ensure_private_dir, socket_path
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
@@ -157,8 +159,10 @@ def replace_daemon(
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and get_info(address, timeout=0.3) is not None:
-        time.sleep(0.05)
+    while time.monotonic() < deadline and (
+        get_info(address, timeout=0.3) is not None or pathlock.held_by(path) == info.pid
+    ):
+        time.sleep(0.05)  # (until it has let the path go: it removes its socket first)
     return ensure_daemon(address)
 
 
@@ -169,39 +173,93 @@ def _owned_by_me(pid: int) -> bool:
         return False
 
 
+# How long ensure_daemon waits for a daemon it started (or found starting) to answer. A
+# daemon whose cache is locked (a long `trnsim cache verify`) may take a minute: the caller
+# then compiles in process meanwhile and asks again later, and no second daemon is started,
+# because the first holds its path (daemon/pathlock.py) from its first instant.
+START_WAIT_S = 15.0
+
+
 def ensure_daemon(
-    address: str | None = None, wait_s: float = 15.0, idle_exit_s: float | None = AUTO_IDLE_EXIT_S
+    address: str | None = None,
+    wait_s: float = START_WAIT_S,
+    idle_exit_s: float | None = AUTO_IDLE_EXIT_S,
 ) -> svc.GetInfoResponse | None:
-    """Connects to the daemon at address, starting one if none answers. A lock file next to
-    the socket makes concurrent callers start one daemon; the losers connect to it."""
+    """Connects to the daemon at address, starting one if none holds its path. Concurrent
+    callers start one daemon: the first to take the lock file next to the socket starts it,
+    and everyone waits (up to wait_s) for the daemon that holds the path to answer. None: a
+    daemon is there but does not answer yet (starting on a slow cache, or hung); ask again
+    later. DaemonStartError: the started daemon exited, for its own reason."""
     address = address or default_address()
     info = get_info(address)
-    if info is not None:
-        return info
     path = socket_path(address)
-    if path is None:
-        return None  # a TCP daemon is started by its operator, not by clients
+    if info is not None or path is None:
+        return info  # (a TCP daemon is started by its operator, not by clients)
     ensure_private_dir(path.parent)
-    with open(path.parent / "compiler.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the winner starts it; the others wait here
-        info = get_info(address)
-        if info is not None:
-            return info
-        log_file = path.parent / "daemon.log"
-        start = log_file.stat().st_size if log_file.exists() else 0
-        proc = spawn(address, idle_exit_s, log_file)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
+    if pathlock.held_by(path) is not None and _listening(path):
+        return None  # it listens, and did not answer in INFO_TIMEOUT_S: hung or swamped
+    deadline = time.monotonic() + wait_s
+    started: _Started | None = None
+    while time.monotonic() < deadline:
+        if pathlock.held_by(path) is not None:
             info = get_info(address, timeout=0.5)
             if info is not None:
                 return info
-            if proc.poll() is not None:  # (unless another daemon took the socket meanwhile)
-                info = get_info(address, timeout=0.5)
-                if info is not None:
-                    return info
-                raise DaemonStartError(proc.returncode, _last_line(log_file, start), log_file)
-            time.sleep(0.05)
+        elif started is not None and started.failed():
+            raise started.error()  # it exited for its own reason, and nobody holds the path
+        elif started is None or started.proc.poll() is not None:
+            started = _start_unless_held(address, path, idle_exit_s, deadline) or started
+        time.sleep(0.05)
     return None
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process listens on the Unix socket at path (the kernel accepts for it even
+    when it is stopped: this says nothing of whether it answers)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class _Started:
+    """A daemon this call started, and where its log began."""
+
+    proc: subprocess.Popen[bytes]
+    log_file: Path
+    log_start: int
+
+    def failed(self) -> bool:
+        """It exited, and not because another daemon holds the path."""
+        return self.proc.poll() not in (None, pathlock.EXIT_PATH_HELD)
+
+    def error(self) -> DaemonStartError:
+        status = self.proc.returncode
+        return DaemonStartError(status, _last_line(self.log_file, self.log_start), self.log_file)
+
+
+def _start_unless_held(
+    address: str, path: Path, idle_exit_s: float | None, deadline: float
+) -> _Started | None:
+    """Under the launcher's lock (compiler.lock): starts a daemon unless one holds the path,
+    and keeps the lock until the new daemon holds the path itself or has exited, so that no
+    other caller starts one while this one is still importing."""
+    with open(path.parent / "compiler.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the winner starts it; the others wait here
+        if pathlock.held_by(path) is not None:
+            return None
+        log_file = path.parent / "daemon.log"
+        start = log_file.stat().st_size if log_file.exists() else 0
+        proc = spawn(address, idle_exit_s, log_file)
+        while time.monotonic() < deadline and proc.poll() is None:
+            if pathlock.held_by(path) is not None:
+                break
+            time.sleep(0.02)
+        return _Started(proc, log_file, start)
 
 
 class DaemonStartError(ConfigError):

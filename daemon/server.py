@@ -24,23 +24,56 @@ from trnsim.daemon.config import (
     systemd_notify_socket,
     tcp_allowed,
 )
+from trnsim.daemon.pathlock import PathLock
 from trnsim.daemon.service import CompileService, build_service
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = wire.SERVICE
 
 
-def _prepare_socket(path: Path, system: bool) -> None:
+def _hold_path(path: Path, system: bool) -> PathLock:
+    """The socket's directory, and the path's lock (PathHeld when another daemon has it):
+    taken before anything slow (the cache's open may wait a minute on a locked database), so
+    that a second daemon on the path refuses at once instead of binding over the first."""
     if system:
         path.parent.mkdir(parents=True, exist_ok=True)
     else:
         ensure_private_dir(path.parent)
-    if path.exists():
-        if _answers(path):
-            raise ConfigError(
-                f"a daemon already listens on {path}; stop it first (trnsim daemon stop)"
-            )
-        path.unlink()  # a stale socket from a daemon that died
+    return PathLock.acquire(path, 0o640 if system else 0o600)
+
+
+def _check_socket(path: Path) -> None:
+    """With the path's lock held: a socket file there is a dead daemon's (replaced when this
+    one binds), unless a daemon of a version before the lock listens on it."""
+    if path.exists() and _answers(path):
+        raise ConfigError(f"a daemon already listens on {path}; stop it first (trnsim daemon stop)")
+
+
+def _bind_unix(server: grpc.aio.Server, path: Path, mode: int) -> None:
+    """Binds under a name of this process's own, then renames the socket onto path: gRPC
+    unlinks the name it binds, at bind and again at shutdown, whatever file is there by
+    then; this way the only name it ever unlinks is its own, and a dead daemon's socket at
+    path is replaced in one step. (The socket is the same after the rename.)"""
+    private = path.parent / f".bind-{os.getpid()}"
+    server.add_insecure_port(f"unix:{private}")
+    os.chmod(private, mode)
+    os.replace(private, path)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at path as (device, inode); None when there is none."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _remove_own_socket(path: Path, identity: tuple[int, int] | None) -> None:
+    """Unlinks the socket this daemon bound, and nothing else: a file an operator (or a
+    daemon of an older version) put at the path since is left in place."""
+    if identity is not None and _identity(path) == identity:
+        path.unlink(missing_ok=True)
 
 
 def _answers(path: Path) -> bool:
@@ -63,6 +96,16 @@ class Bound:
     address: str  # the address bound (a TCP port chosen when :0 was asked)
     service: CompileService
     health: health.aio.HealthServicer
+    path_lock: PathLock | None = None  # held until the daemon has removed its socket
+    socket_id: tuple[int, int] | None = None  # the socket file bound: removed at exit
+
+    def release(self) -> None:
+        """Removes the socket if it is still this server's, then lets the path go."""
+        path = socket_path(self.address)
+        if path is not None:
+            _remove_own_socket(path, self.socket_id)
+        if self.path_lock is not None:
+            self.path_lock.release()
 
 
 def create_server(
@@ -70,10 +113,28 @@ def create_server(
 ) -> Bound:
     """A bound, not yet started, asyncio server for address ("unix:/path" or "host:port"),
     serving `service` (by default build_service(config): the daemon's own cache and worker
-    processes). Call from inside the event loop that will run it."""
+    processes). Call from inside the event loop that will run it.
+
+    A Unix socket's path is held (daemon/pathlock.py) from the start: another daemon on it
+    raises PathHeld before this one opens its cache or binds. Bound.release() removes the
+    socket and lets the path go."""
+    path = socket_path(address)
+    path_lock = _hold_path(path, config.system) if path is not None else None
+    try:
+        bound = _create_server(address, config, service)
+    except BaseException:
+        if path_lock is not None:
+            path_lock.release()
+        raise
+    bound.path_lock = path_lock
+    bound.socket_id = _identity(path) if path is not None else None
+    return bound
+
+
+def _create_server(address: str, config: DaemonConfig, service: CompileService | None) -> Bound:
     path = socket_path(address)
     if path is not None:
-        _prepare_socket(path, config.system)
+        _check_socket(path)
     elif not tcp_allowed() and not address.startswith(("localhost:", "127.0.0.1:", "[::1]:")):
         raise ConfigError(
             f"TCP address {address!r}: set TRNSIM_ALLOW_TCP=1 to listen beyond loopback"
@@ -89,16 +150,32 @@ def create_server(
             ("grpc.max_receive_message_length", config.max_request_bytes),
             ("grpc.max_send_message_length", 512 * 1024 * 1024),
             ("grpc.max_concurrent_streams", config.max_streams),
+            # A second daemon on a TCP port fails to bind instead of sharing it (Linux's
+            # SO_REUSEPORT, on by default in gRPC, would split the clients between them).
+            ("grpc.so_reuseport", 0),
         ],
     )
     wire.register(server, service)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
-    if path is None and port == 0:
-        raise ConfigError(f"could not listen on {address}")
-    bound = address if path is not None else f"{address.rsplit(':', 1)[0]}:{port}"
+    try:
+        if path is not None:
+            _bind_unix(server, path, 0o660 if config.system else 0o600)
+            return Bound(server, address, service, health_servicer)
+        port = server.add_insecure_port(address)
+    except RuntimeError as e:  # (gRPC's "Failed to bind": a port in use, a path too long)
+        raise _cannot_listen(address) from e
+    if port == 0:
+        raise _cannot_listen(address)
+    bound = f"{address.rsplit(':', 1)[0]}:{port}"
     return Bound(server, bound, service, health_servicer)
+
+
+def _cannot_listen(address: str) -> ConfigError:
+    return ConfigError(
+        f"could not listen on {address}: in use by another process (a daemon? "
+        f"`trnsim --address {address} daemon status`), or not an address of this host"
+    )
 
 
 def notify_systemd(message: str) -> None:
@@ -115,15 +192,19 @@ def notify_systemd(message: str) -> None:
 
 async def _serve(config: DaemonConfig) -> int:
     bound = create_server(config.address, config)
+    try:
+        return await _run(bound, config)
+    finally:
+        bound.release()  # (last: the path stays held until the socket is gone)
+
+
+async def _run(bound: Bound, config: DaemonConfig) -> int:
     server, service, health_servicer = bound.server, bound.service, bound.health
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    socket_file = socket_path(bound.address)
-    if socket_file is not None:
-        os.chmod(socket_file, 0o660 if config.system else 0o600)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
@@ -149,8 +230,6 @@ async def _serve(config: DaemonConfig) -> int:
     service.end_streams()  # (every waiter has its answer: streams end with it, not cut)
     await server.stop(grace=2)
     service.close()
-    if socket_file is not None and socket_file.exists():
-        socket_file.unlink()
     return 0
 
 
