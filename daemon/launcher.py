@@ -137,6 +137,7 @@ class DaemonNotAnswering(RuntimeError):
 
     def __init__(self, address: str, seconds: float, pid: int | None) -> None:
         self.address = address
+        self.seconds = seconds
         self.pid = pid
         state = process_state(pid) if pid is not None else ""
         who = f"pid {pid}" + (f", {state}" if state else "") if pid is not None else "it"

@@ -369,8 +369,8 @@ class DaemonCompileClient:
         )
         stream = _Stream(channel, queue.Queue())
         stream.watchdog = Watchdog(
-            channel,
             HEALTH_DEADLINE_S,
+            check=lambda: launcher.answers_health_check(channel, HEALTH_DEADLINE_S),
             waiting=lambda: bool(stream.pending) or stream.asking > 0,
             hung=lambda why: self._hung(stream, why),
         )

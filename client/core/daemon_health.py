@@ -6,9 +6,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import grpc
-from trnsim.daemon import launcher
-
 RETRY_MAX_S = 60.0  # the longest a client goes without asking an unreachable daemon again
 
 
@@ -42,22 +39,22 @@ class Backoff:
 
 class Watchdog:
     """Watches one stream to the daemon: while a request waits on it and the daemon has sent
-    nothing for `deadline_s`, it asks the daemon's gRPC health service, with that deadline.
-    The health check is answered on the daemon's event loop, which a daemon busy with a
-    compile of minutes keeps serving (its workers compile); a stopped or wedged daemon
-    does not answer, and `hung` is called once with the reason. The watchdog sleeps while
-    nothing waits."""
+    nothing for `deadline_s`, it calls `check`, which asks the daemon's gRPC health service
+    with that deadline (False: no answer). The health check is answered on the daemon's
+    event loop, which a daemon busy with a compile of minutes keeps serving (its workers
+    compile); a stopped or wedged daemon does not answer, and `hung` is called once with
+    the reason. The watchdog sleeps while nothing waits."""
 
     def __init__(
         self,
-        channel: grpc.Channel,
         deadline_s: float,
+        check: Callable[[], bool],
         waiting: Callable[[], bool],
         hung: Callable[[str], None],
     ) -> None:
         self.deadline_s = deadline_s
         self.heard_at = time.monotonic()  # when the daemon last showed it is alive
-        self._channel = channel
+        self._check = check
         self._waiting = waiting
         self._hung = hung
         self._wake = threading.Event()  # set: something may be waiting
@@ -102,7 +99,7 @@ class Watchdog:
     def _answers(self) -> bool:
         """Whether the daemon answers a health check within the deadline. Only silence
         means hung; a broken connection is the stream reader's to notice."""
-        if not launcher.answers_health_check(self._channel, self.deadline_s):
+        if not self._check():
             return False
         self.heard()
         return True
