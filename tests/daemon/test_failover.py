@@ -125,3 +125,16 @@ def test_status_tells_a_hung_daemon_from_an_absent_one(daemon, capsys):
     daemon.stop()
     assert cli(["daemon", "status", "--address", daemon.address]) == 3
     assert "not running" in capsys.readouterr().out
+
+
+def test_the_health_deadline_is_read_in_env(monkeypatch):
+    from trnsim.client.core import env
+
+    monkeypatch.delenv("NEURON_COMPILE_HEALTH_DEADLINE", raising=False)
+    assert env.health_deadline_s() == 1.0
+    monkeypatch.setenv("NEURON_COMPILE_HEALTH_DEADLINE", "2.5")
+    assert env.health_deadline_s() == 2.5
+    for bad in ("soon", "0", "-1", "nan"):
+        monkeypatch.setenv("NEURON_COMPILE_HEALTH_DEADLINE", bad)
+        with pytest.raises(env.ConfigError, match="expected seconds"):
+            env.health_deadline_s()
