@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from trnsim.cli import cache, daemon, doctor, precompile, profile, stats, torch_commands
 from trnsim.daemon.config import SYSTEM_SOCKET, ConfigError, default_address, default_cache_dir
+from trnsim.daemon.launcher import DaemonNotAnswering
 from trnsim.daemon.options import add_server_options
 
 if TYPE_CHECKING:  # (generic in typeshed only)
@@ -129,6 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "daemon":
             return daemon.COMMANDS[args.daemon_command](args)
         return COMMANDS[args.command](args)
-    except ConfigError as e:
+    except (ConfigError, DaemonNotAnswering) as e:  # (what to fix, or to wait for, is said)
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,12 +11,14 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from trnsim.daemon import pathlock
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from trnsim.daemon import pathlock, wire
 from trnsim.daemon.config import ConfigError, default_address, ensure_private_dir, socket_path
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
@@ -84,8 +86,17 @@ def _trusted_dir(directory: Path) -> int:
     )
 
 
-def peer_uid(path: Path) -> int | None:
-    """The uid of the process listening on a Unix socket (SO_PEERCRED), None if none does."""
+@dataclass(frozen=True)
+class Listener:
+    """The process listening on a Unix socket, as the kernel saw it call listen()."""
+
+    pid: int
+    uid: int
+
+
+def listener(path: Path) -> Listener | None:
+    """Who listens on a Unix socket (SO_PEERCRED), None if nobody does. The kernel answers
+    for the listener, so it works for a daemon that is stopped and accepts nothing."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
         try:
@@ -93,7 +104,47 @@ def peer_uid(path: Path) -> int | None:
             creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
             return None
-    return int(struct.unpack("3i", creds)[1])
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return Listener(int(pid), int(uid))
+
+
+def peer_uid(path: Path) -> int | None:
+    """The uid of the process listening on a Unix socket (SO_PEERCRED), None if none does."""
+    peer = listener(path)
+    return None if peer is None else peer.uid
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "waiting on disk", "T": "stopped"}
+
+
+def process_state(pid: int) -> str:
+    """What the kernel says a process is doing (/proc/PID/stat): "stopped" for one that got
+    SIGSTOP, "running", "sleeping"...; "" when it cannot be read."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat_line[stat_line.rfind(")") + 2 :].split()  # (the name may hold spaces)
+    code = fields[0] if fields else ""
+    return _STATES.get(code.upper() if code == "t" else code, code)
+
+
+class DaemonNotAnswering(RuntimeError):
+    """Recoverable: a process listens on the daemon's address but did not answer within the
+    deadline: stopped (SIGSTOP), swapped out, or its event loop wedged. Compiles go in
+    process meanwhile, and the address is asked again later; it is never a reason to start
+    a second daemon (that one could not bind the address anyway)."""
+
+    def __init__(self, address: str, seconds: float, pid: int | None) -> None:
+        self.address = address
+        self.seconds = seconds
+        self.pid = pid
+        state = process_state(pid) if pid is not None else ""
+        who = f"pid {pid}" + (f", {state}" if state else "") if pid is not None else "it"
+        super().__init__(
+            f"the compile daemon at {address} ({who}) holds the address but did not answer "
+            f"within {seconds:g} s"
+        )
 
 
 # How long GetInfo may take. A socket nobody listens on fails at once; a daemon that is
@@ -122,6 +173,61 @@ def get_info(
         return None
     finally:
         channel.close()
+
+
+def probe(
+    address: str, timeout: float, version: str = "", fmt: int = 0
+) -> svc.GetInfoResponse | None:
+    """get_info() that tells, within `timeout`, a daemon that does not answer from one that
+    is slow: GetInfo is sent with a health check beside it. A daemon whose health check
+    answers in time is alive, if loaded, and gets INFO_TIMEOUT_S for GetInfo; one whose
+    health check does not (stopped, swapped out, its event loop wedged) raises
+    DaemonNotAnswering after `timeout`, and nothing is started beside it. None when
+    nothing listens at address."""
+    path = socket_path(address)
+    if path is not None and not path.exists():
+        return None
+    check_trusted(address)
+    request = svc.GetInfoRequest(client_compiler_version=version, client_format_version=fmt)
+    with grpc.insecure_channel(address) as channel:
+        info = svc_grpc.CompileServiceStub(channel).GetInfo.future(request, timeout=INFO_TIMEOUT_S)
+        check = health_pb2_grpc.HealthStub(channel).Check.future(HEALTH_REQUEST, timeout=timeout)
+        either = threading.Event()
+        info.add_done_callback(lambda _: either.set())
+        check.add_done_callback(lambda _: either.set())
+        either.wait()
+        if not info.done() and _silent(check):
+            info.cancel()
+            peer = listener(path) if path is not None else None
+            if path is None or peer is not None:
+                raise DaemonNotAnswering(address, timeout, peer.pid if peer else None)
+            return None  # (it went away while we asked)
+        try:
+            return info.result()  # type: ignore[no-any-return]
+        except grpc.RpcError:
+            return None
+
+
+HEALTH_REQUEST = health_pb2.HealthCheckRequest(service=wire.SERVICE)
+
+
+def _silent(check: grpc.Future) -> bool:
+    """Whether a health check went unanswered: any answer (NOT_SERVING while the daemon
+    drains, UNIMPLEMENTED from a server without the health service) shows it alive."""
+    error = check.exception()
+    return isinstance(error, grpc.RpcError) and bool(
+        error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    )
+
+
+def answers_health_check(channel: grpc.Channel, timeout: float) -> bool:
+    """Whether the daemon on `channel` answers a health check within `timeout` (any answer
+    counts, as in probe())."""
+    try:
+        health_pb2_grpc.HealthStub(channel).Check(HEALTH_REQUEST, timeout=timeout)
+    except grpc.RpcError as e:
+        return bool(e.code() != grpc.StatusCode.DEADLINE_EXCEEDED)
+    return True
 
 
 def spawn(
@@ -184,19 +290,22 @@ def ensure_daemon(
     address: str | None = None,
     wait_s: float = START_WAIT_S,
     idle_exit_s: float | None = AUTO_IDLE_EXIT_S,
+    info_timeout: float = INFO_TIMEOUT_S,
 ) -> svc.GetInfoResponse | None:
     """Connects to the daemon at address, starting one if none holds its path. Concurrent
     callers start one daemon: the first to take the lock file next to the socket starts it,
     and everyone waits (up to wait_s) for the daemon that holds the path to answer. None: a
-    daemon is there but does not answer yet (starting on a slow cache, or hung); ask again
-    later. DaemonStartError: the started daemon exited, for its own reason."""
+    daemon is there but does not answer yet (starting on a slow cache); ask again later.
+    DaemonNotAnswering, and nothing started: a process listens at address but does not
+    answer within `info_timeout` (hung). DaemonStartError: the started daemon exited, for
+    its own reason."""
     address = address or default_address()
-    info = get_info(address)
+    info = probe(address, info_timeout)
     path = socket_path(address)
     if info is not None or path is None:
         return info  # (a TCP daemon is started by its operator, not by clients)
     ensure_private_dir(path.parent)
-    if pathlock.held_by(path) is not None and _listening(path):
+    if pathlock.held_by(path) is not None and listener(path) is not None:
         return None  # it listens, and did not answer in INFO_TIMEOUT_S: hung or swamped
     deadline = time.monotonic() + wait_s
     started: _Started | None = None
@@ -211,18 +320,6 @@ def ensure_daemon(
             started = _start_unless_held(address, path, idle_exit_s, deadline) or started
         time.sleep(0.05)
     return None
-
-
-def _listening(path: Path) -> bool:
-    """Whether a process listens on the Unix socket at path (the kernel accepts for it even
-    when it is stopped: this says nothing of whether it answers)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass

@@ -3,23 +3,25 @@ baseline, and the fallback) and the per-host daemon over one gRPC stream per pro
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import itertools
 import logging
 import queue
 import threading
-import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 from trnsim import compiler
 from trnsim.client.core import env
+from trnsim.client.core.daemon_health import Backoff, Watchdog
 from trnsim.compiler.compile_time import burn
 from trnsim.daemon import launcher
 from trnsim.daemon.config import ConfigError, default_address
@@ -30,12 +32,16 @@ from trnsim.protos.blobs import blob_ok
 from trnsim.simulator.config import get_target
 
 log = logging.getLogger(__name__)
-RECONNECT_AFTER_S = 5.0
+RECONNECT_AFTER_S = 2.0  # first retry of a daemon that could not be reached; doubles up to 60 s
+# How long the daemon has to show it is alive (NEURON_COMPILE_HEALTH_DEADLINE): a hung one
+# costs a waiting compile about twice this, then compiles go in process until it answers.
+HEALTH_DEADLINE_S = env.health_deadline_s()
 LOOKUP_DEADLINE_S = 2.0  # adaptive mode asking the cache for a graph met the first time
 NEAREST_DEADLINE_S = 10.0  # torch.neuron.explain() asking which cached keys are nearest
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/server.py)
-# How long a blocking compile waits for the daemon's answer before compiling in process: a
-# safety net against a mute daemon (every request is answered). Past the daemon's own compile
+# How long a blocking compile waits for the answer of a daemon that is alive (it answers its
+# health checks) before compiling in process: a safety net against a daemon that answers
+# everything but this request (every request is answered). Past the daemon's own compile
 # limit (600 s, daemon/config.py) with a margin, so a slow graph gets the daemon's TIMEOUT
 # rather than a second compile here.
 ANSWER_DEADLINE_S = env.compile_deadline_s()
@@ -173,9 +179,10 @@ class DaemonUnavailable(RuntimeError):
 class DaemonCompileClient:
     """Requests go over one bidirectional stream; each gets a future, answered out of order.
 
-    If the daemon cannot be reached, dies mid-run or is another version, compiles happen in
-    this process (warned once) and the client tries to reconnect later: no training step
-    fails because of the daemon.
+    If the daemon cannot be reached, dies mid-run, stops answering (a watchdog asks a silent
+    daemon's health, HEALTH_DEADLINE_S) or is another version, compiles happen in this
+    process (warned once) and the client tries to reconnect later, backing off: no training
+    step fails, or waits out a hang, because of the daemon.
     """
 
     def __init__(self, address: str, auto_start: bool) -> None:
@@ -188,10 +195,8 @@ class DaemonCompileClient:
         self.tiers: dict[str, int] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._pending: dict[int, Future[svc.CompileResult]] = {}
-        self._outbox: queue.Queue[svc.CompileRequest | None] | None = None
-        self._channel: grpc.Channel | None = None
-        self._retry_at = 0.0
+        self._stream: _Stream | None = None
+        self._backoff = Backoff()
         self._warned = False
 
     # -- the interface ------------------------------------------------------------------------------
@@ -273,77 +278,107 @@ class DaemonCompileClient:
         """Withdraws a request: the daemon drops its part in the job (and the job, if no one
         else waits for it)."""
         with self._lock:
-            future = self._pending.pop(request_id, None)
-            outbox = self._outbox
+            stream = self._stream
+            future = stream.pending.pop(request_id, None) if stream is not None else None
         if future is not None:
             future.cancel()
-        if outbox is not None:
-            outbox.put(svc.CompileRequest(id=request_id, cancel=True))
+        if stream is not None:
+            stream.outbox.put(svc.CompileRequest(id=request_id, cancel=True))
 
     def submit(self, request: svc.CompileRequest) -> Future[svc.CompileResult]:
         """Sends a request on the stream; the future fails with DaemonUnavailable if the
-        daemon cannot be reached or the stream breaks before the answer."""
+        daemon cannot be reached, the stream breaks or the daemon stops answering before
+        the answer."""
         future: Future[svc.CompileResult] = Future()
         with self._lock:
-            outbox = self._connect()
-            if outbox is None:
+            stream = self._connect()
+            if stream is None:
                 future.set_exception(DaemonUnavailable(f"no compile daemon at {self.address}"))
                 return future
             request.id = next(self._ids)
-            self._pending[request.id] = future
+            stream.pending[request.id] = future
             self.requests += 1
-        outbox.put(request)
+        stream.outbox.put(request)
+        stream.watchdog.request_sent()
         return future
 
     # -- the stream -------------------------------------------------------------------------------
-    def _connect(self) -> queue.Queue[svc.CompileRequest | None] | None:
-        if self._outbox is not None:
-            return self._outbox
-        if time.monotonic() < self._retry_at:
+    def _connect(self) -> _Stream | None:
+        """The open stream; else a new one if the daemon is due to be asked and answers."""
+        if self._stream is not None:
+            return self._stream
+        if not self._backoff.due():
             return None
-        self._retry_at = time.monotonic() + RECONNECT_AFTER_S
-        try:
-            info = self._find_daemon()
-        except ConfigError as e:  # (squatted or unsafe socket directory): never the op's error
-            self._warn(f"compiling in process: {e}")
-            self._retry_at = float("inf")
-            return None
-        except Exception as e:  # noqa: BLE001  (a daemon that would not start, a broken
-            # socket...: compiling here is always possible; no op fails for the daemon)
-            self._warn(f"compiling in process: the compile daemon is unavailable: {e}")
-            return None
+        info = self._reach()
         if info is None:
             return None
-        if not _same_version(info, self.version):
+        if self._backoff.failures:
+            self._tell(f"the compile daemon at {self.address} answers again: compiles go to it")
+        self._backoff.answered()
+        self._stream = self._open()
+        return self._stream
+
+    def _reach(self) -> svc.GetInfoResponse | None:
+        """The handshake of a daemon this process can use; else None, and when to ask again
+        is set (after the try, so its own wait is not counted in the back-off)."""
+        try:
+            info = self._find_daemon()
+        except (launcher.DaemonStartError, launcher.DaemonNotAnswering) as e:
+            self._unreachable(str(e))  # (it may start, or answer, later)
+            return None
+        except ConfigError as e:  # (an untrusted socket or directory): never the op's error
+            self._warn(f"compiling in process: {e}")
+            self._backoff.never()
+            return None
+        except Exception as e:  # noqa: BLE001  (a broken socket...: compiling here is always
+            # possible; no op fails for the daemon)
+            self._unreachable(f"the compile daemon is unavailable: {e}")
+            return None
+        if info is None:
+            self._backoff.failed(RECONNECT_AFTER_S)
+        elif not _same_version(info, self.version):
             self._warn(
                 f"the compile daemon at {self.address} runs compiler {info.compiler_version}, this "
                 f"process {self.version}: compiling in process (restart the daemon to share it)"
             )
-            self._retry_at = float("inf")
+            self._backoff.never()
             return None
-        # Executables of large graphs run to many MB: take what the daemon may send.
-        self._channel = grpc.insecure_channel(
-            self.address, options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
-        )
-        outbox: queue.Queue[svc.CompileRequest | None] = queue.Queue()
-        responses = svc_grpc.CompileServiceStub(self._channel).Compile(self._requests(outbox))
-        threading.Thread(
-            target=self._read, args=(responses,), name="trnsim-compile-stream", daemon=True
-        ).start()
-        self._outbox = outbox
-        return outbox
+        return info
+
+    def _unreachable(self, why: str) -> None:
+        delay = self._backoff.failed(RECONNECT_AFTER_S)
+        self._warn(f"compiling in process: {why}; asking the daemon again in {delay:g} s")
 
     def _find_daemon(self) -> svc.GetInfoResponse | None:
         if not self.auto_start:
-            return launcher.get_info(
-                self.address, version=self.version, fmt=compiler.FORMAT_VERSION
+            return launcher.probe(
+                self.address, HEALTH_DEADLINE_S, version=self.version, fmt=compiler.FORMAT_VERSION
             )
-        info = launcher.ensure_daemon(self.address)
+        info = launcher.ensure_daemon(self.address, info_timeout=HEALTH_DEADLINE_S)
         if info is not None and not _same_version(info, self.version):
             # The user's own auto-started daemon from an older installation: replace it
             # (its clients fall back to compiling in process meanwhile; nothing fails).
             info = launcher.replace_daemon(self.address, info)
         return info
+
+    def _open(self) -> _Stream:
+        """A Compile stream, its reader thread and its watchdog."""
+        # Executables of large graphs run to many MB: take what the daemon may send.
+        channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
+        )
+        stream = _Stream(channel, queue.Queue())
+        stream.watchdog = Watchdog(
+            HEALTH_DEADLINE_S,
+            check=lambda: launcher.answers_health_check(channel, HEALTH_DEADLINE_S),
+            waiting=lambda: bool(stream.pending) or stream.asking > 0,
+            hung=lambda why: self._hung(stream, why),
+        )
+        responses = svc_grpc.CompileServiceStub(channel).Compile(self._requests(stream.outbox))
+        threading.Thread(
+            target=self._read, args=(stream, responses), name="trnsim-compile-stream", daemon=True
+        ).start()
+        return stream
 
     @staticmethod
     def _requests(outbox: queue.Queue[svc.CompileRequest | None]):  # type: ignore[no-untyped-def]
@@ -353,29 +388,50 @@ class DaemonCompileClient:
                 return
             yield request
 
-    def _read(self, responses: grpc.Future) -> None:
+    def _read(self, stream: _Stream, responses: grpc.Future) -> None:
         try:
             for result in responses:
+                stream.watchdog.heard()
                 with self._lock:
-                    future = self._pending.pop(result.id, None)
+                    future = stream.pending.pop(result.id, None)
                 if future is not None:
                     future.set_result(result)
         except grpc.RpcError as e:
             log.debug("compile stream ended: %s", e)
-        self._lost("the compile daemon went away")
+        self._lost(stream, "the compile daemon went away")
 
-    def _lost(self, why: str) -> None:
+    def _hung(self, stream: _Stream, why: str) -> None:
+        """The watchdog heard nothing from the daemon: what waits on it is compiled here."""
+        self._tell(f"{why}: compiling in process")
+        self._lost(stream, why)
+
+    def _lost(self, stream: _Stream, why: str, retry_later: bool = True) -> None:
+        """Gives up a stream (once): its waiting requests fail with DaemonUnavailable (and
+        are compiled here); the daemon is asked again after the back-off."""
         with self._lock:
-            pending, self._pending = self._pending, {}
-            if self._outbox is not None:
-                self._outbox.put(None)
-            self._outbox = None
-            channel, self._channel = self._channel, None
-            self._retry_at = time.monotonic() + RECONNECT_AFTER_S
+            if self._stream is not stream:
+                return
+            self._stream = None
+            pending, stream.pending = stream.pending, {}
+            if retry_later:
+                self._backoff.failed(RECONNECT_AFTER_S)
+        stream.outbox.put(None)
+        stream.watchdog.stop()
         for future in pending.values():
             future.set_exception(DaemonUnavailable(why))
-        if channel is not None:
-            channel.close()
+        stream.channel.close()
+
+    @contextlib.contextmanager
+    def _asking(self, stream: _Stream) -> Iterator[grpc.Channel]:
+        """A unary call on the stream's channel: the watchdog counts it as waiting."""
+        with self._lock:
+            stream.asking += 1
+        stream.watchdog.request_sent()
+        try:
+            yield stream.channel
+        finally:
+            with self._lock:
+                stream.asking -= 1
 
     # -- helpers ------------------------------------------------------------------------------------
     def executable(self, result: svc.CompileResult, key: str) -> executable_pb2.Executable | None:
@@ -406,24 +462,34 @@ class DaemonCompileClient:
             warnings.warn(f"trnsim: {message}", RuntimeWarning, stacklevel=4)
         log.debug("%s", message)
 
+    def _tell(self, message: str) -> None:
+        """A change in the daemon's state: the process's first daemon warning, or logged."""
+        if self._warned:
+            log.info("%s", message)
+        else:
+            self._warn(message)
+
     def close(self) -> None:
-        self._lost("closed")
+        stream = self._stream
+        if stream is not None:
+            self._lost(stream, "closed", retry_later=False)
         self.local.close()
 
     def cached(self, key: str) -> Compiled | None:
-        channel = self._channel
-        if channel is None:
+        stream = self._stream
+        if stream is None:
             return None
         request = svc.LookupRequest(
             cache_keys=[key], compiler_version=self.version, format_version=compiler.FORMAT_VERSION
         )
         try:
-            (entry,) = (
-                svc_grpc.CompileServiceStub(channel)
-                .Lookup(request, timeout=LOOKUP_DEADLINE_S)
-                .entries
-            )
-        except (grpc.RpcError, ValueError) as e:  # (a slow or dead daemon: compile as usual)
+            with self._asking(stream) as channel:
+                (entry,) = (
+                    svc_grpc.CompileServiceStub(channel)
+                    .Lookup(request, timeout=LOOKUP_DEADLINE_S)
+                    .entries
+                )
+        except (grpc.RpcError, ValueError) as e:  # (a slow, hung or dead daemon: compile as usual)
             log.debug("Lookup: %s", e)
             return None
         if not entry.found:
@@ -434,8 +500,8 @@ class DaemonCompileClient:
         return Compiled(exe, 0.0, self._tier(entry.tier))  # (fetched: nothing compiled for it)
 
     def nearest(self, missed: list[Parts]) -> list[Parts | None] | None:
-        channel = self._channel
-        if channel is None or not missed:
+        stream = self._stream
+        if stream is None or not missed:
             return None
         request = svc.NearestRequest()
         for key, parts in missed[:256]:
@@ -443,11 +509,12 @@ class DaemonCompileClient:
             for p in parts:
                 item.parts.add(name=p.name, digest=p.digest, text=p.text)
         try:
-            answers = (
-                svc_grpc.CompileServiceStub(channel)
-                .Nearest(request, timeout=NEAREST_DEADLINE_S)
-                .answers
-            )
+            with self._asking(stream) as channel:
+                answers = (
+                    svc_grpc.CompileServiceStub(channel)
+                    .Nearest(request, timeout=NEAREST_DEADLINE_S)
+                    .answers
+                )
         except grpc.RpcError as e:  # (an older daemon, a dead one: explain() compares locally)
             log.debug("Nearest: %s", e)
             return None
@@ -457,6 +524,18 @@ class DaemonCompileClient:
             else None
             for a in answers
         ]
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One Compile stream to the daemon: its channel, the requests to send, the answers owed
+    on it, and the watchdog that tells a busy daemon from a hung one."""
+
+    channel: grpc.Channel
+    outbox: queue.Queue[svc.CompileRequest | None]
+    pending: dict[int, Future[svc.CompileResult]] = field(default_factory=dict)
+    asking: int = 0  # unary calls (Lookup, Nearest) waiting on the channel
+    watchdog: Watchdog = field(init=False)
 
 
 def _same_version(info: svc.GetInfoResponse, version: str) -> bool:

@@ -15,6 +15,7 @@ NEURON_SIM_TARGET = "NEURON_SIM_TARGET"  # trn1 | trn2 (default trn2): the simul
 NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
 NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issue: daemon)
 NEURON_COMPILE_DEADLINE = "NEURON_COMPILE_DEADLINE"  # s a compile waits for the daemon (660)
+NEURON_COMPILE_HEALTH_DEADLINE = "NEURON_COMPILE_HEALTH_DEADLINE"  # s to show it is alive (1)
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
 NEURON_PROFILE = "NEURON_PROFILE"  # a file: the process's profile, written at exit
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
@@ -83,13 +84,25 @@ def compile_daemon() -> str:
 def compile_deadline_s() -> float:
     """NEURON_COMPILE_DEADLINE: seconds a blocking compile waits for the daemon's answer
     before compiling in process (660: past the daemon's own 600 s limit)."""
-    value = os.environ.get(NEURON_COMPILE_DEADLINE, "").strip() or "660"
+    return _seconds(NEURON_COMPILE_DEADLINE, "660")
+
+
+def health_deadline_s() -> float:
+    """NEURON_COMPILE_HEALTH_DEADLINE: seconds the daemon has to show it is alive (1): to
+    answer the first handshake, and a health check once a waiting request has heard nothing
+    from it for that long. A daemon that does not is taken for hung: compiles go in process
+    within about twice this, and the daemon is asked again later."""
+    return _seconds(NEURON_COMPILE_HEALTH_DEADLINE, "1")
+
+
+def _seconds(name: str, default: str) -> float:
+    value = os.environ.get(name, "").strip() or default
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise ConfigError(f"{NEURON_COMPILE_DEADLINE}={value!r}: expected seconds, e.g. 660")
+        raise ConfigError(f"{name}={value!r}: expected seconds, e.g. {default}")
     return seconds
 
 

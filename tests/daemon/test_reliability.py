@@ -561,7 +561,8 @@ def test_a_daemon_that_cannot_be_started_leaves_compiles_in_process(short_tmp):
 def test_a_daemon_that_exits_at_start_says_why_to_the_client(short_tmp, monkeypatch):
     """The auto-started daemon refuses a cache directory open to other users and exits: the
     client compiles in process and its warning carries the daemon's reason (not only "no
-    compile daemon"), once; it does not respawn a daemon every few seconds."""
+    compile daemon"), once; it does not respawn a daemon on every compile, but tries again
+    after its back-off, and uses the daemon once the directory is fixed."""
     import trnsim.client.core.compile_client as cc
 
     cache = short_tmp / "cache"
@@ -570,7 +571,7 @@ def test_a_daemon_that_exits_at_start_says_why_to_the_client(short_tmp, monkeypa
     (short_tmp / "xdg").mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp / "xdg"))
     monkeypatch.setenv("NEURON_CACHE_DIR", str(cache))
-    monkeypatch.setattr(cc, "RECONNECT_AFTER_S", 0.0)
+    monkeypatch.setattr(cc, "RECONNECT_AFTER_S", 1.0)
     client = DaemonCompileClient(default_address(), auto_start=True)
     try:
         with pytest.warns(RuntimeWarning, match="exited at start.*open to other users"):
@@ -580,8 +581,15 @@ def test_a_daemon_that_exits_at_start_says_why_to_the_client(short_tmp, monkeypa
         client.compile(job(92))
         assert client.local.compiles == 2
         assert log.read_text().count("open to other users") == starts, "no second start"
+        (cache / "executables").chmod(0o700)
+        time.sleep(1.1)  # (the back-off after one failed start)
+        client.compile(job(93))
+        assert client.local.compiles == 2 and client.tiers == {"COMPILED": 1}, client.tiers
     finally:
         client.close()
+        info = launcher.get_info(default_address(), timeout=2)
+        if info is not None:
+            os.kill(info.pid, signal.SIGTERM)
 
 
 def test_a_background_compile_the_daemon_cannot_do_is_done_here(daemon, monkeypatch):
