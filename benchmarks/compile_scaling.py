@@ -2,7 +2,10 @@
 compiled in process, for each n given (the compiler should stay near linear in n).
 
     python benchmarks/compile_scaling.py                  # 1k, 2k, 4k and 8k nodes, -O1
-    python benchmarks/compile_scaling.py --nodes 1000 16000 --opt-level 2
+    python benchmarks/compile_scaling.py --nodes 1000 16000 --opt-level 2 [--no-fusion]
+
+Seconds are wall time, CPU seconds this process's (steadier on a shared machine); MB is the
+serialized executable; deps the dependencies of all its instructions.
 """
 
 from __future__ import annotations
@@ -25,16 +28,18 @@ def relu_chain(n: int, size: int) -> Graph:
     return b.build(v)
 
 
-def measure(n: int, size: int, opt_level: int) -> tuple[float, int, int, int]:
-    """Seconds to compile a chain of n relus, the executable's bytes, its instructions and
-    their dependencies."""
+def measure(
+    n: int, size: int, opt_level: int, fusion: bool = True
+) -> tuple[float, float, int, int, int]:
+    """Wall and CPU seconds to compile a chain of n relus, the executable's bytes, its
+    instructions and their dependencies. (CPU time is the steadier on a shared machine.)"""
     graph = relu_chain(n, size)
-    options = executable_pb2.CompileOptions(opt_level=opt_level)
-    start = time.perf_counter()
+    options = executable_pb2.CompileOptions(opt_level=opt_level, disable_fusion=not fusion)
+    start, cpu = time.perf_counter(), time.process_time()
     exe = compiler.compile(graph, "trn2", options)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     deps = sum(len(i.deps) for i in exe.instructions)
-    return seconds, exe.ByteSize(), len(exe.instructions), deps
+    return seconds, cpu, exe.ByteSize(), len(exe.instructions), deps
 
 
 def main() -> None:
@@ -44,13 +49,20 @@ def main() -> None:
     )
     parser.add_argument("--size", type=int, default=4096, help="elements of each tensor")
     parser.add_argument("--opt-level", type=int, default=1, choices=(1, 2, 3))
+    parser.add_argument(
+        "--no-fusion", action="store_true", help="one kernel per node (most memory reuse)"
+    )
     args = parser.parse_args()
-    print(f"relu chain, {args.size} float32 elements a tensor, -O{args.opt_level}")
-    print(f"{'nodes':>7} {'seconds':>8} {'MB':>8} {'instrs':>8} {'deps':>10} {'deps/node':>9}")
+    fusion = "no fusion" if args.no_fusion else "fused"
+    print(f"relu chain, {args.size} float32 elements a tensor, -O{args.opt_level}, {fusion}")
+    print(
+        f"{'nodes':>7} {'seconds':>8} {'cpu s':>8} {'MB':>8} {'instrs':>8} {'deps':>10} {'deps/node':>9}"
+    )
     for n in args.nodes:
-        seconds, size, instrs, deps = measure(n, args.size, args.opt_level)
+        seconds, cpu, size, instrs, deps = measure(n, args.size, args.opt_level, not args.no_fusion)
         print(
-            f"{n:>7} {seconds:>8.2f} {size / 1e6:>8.2f} {instrs:>8} {deps:>10} {deps / n:>9.1f}",
+            f"{n:>7} {seconds:>8.2f} {cpu:>8.2f} {size / 1e6:>8.2f} {instrs:>8} {deps:>10} "
+            f"{deps / n:>9.1f}",
             flush=True,
         )
 

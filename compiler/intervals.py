@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+SHORT = 32  # steps: a lifetime this short is searched leaf by leaf, not through the tree
 
 
 class Lifetimes(Generic[T]):
@@ -56,8 +57,11 @@ class Lifetimes(Generic[T]):
         while node:
             yield from self.tiles.get(node, ())
             node >>= 1
-        if last > first:
+        if last - first > SHORT:
             yield from self._starting(self._leaf(first + 1), self._leaf(last))
+        else:  # most lifetimes are a few steps: looking at their leaves is quicker
+            for leaf in range(self._leaf(first) + 1, self._leaf(last) + 1):
+                yield from self.starts.get(leaf, ())
 
     def _starting(self, lo: int, hi: int) -> Iterator[T]:
         """Items that start at a leaf in [lo, hi]."""

@@ -298,12 +298,13 @@ def build(
 ) -> Builder:
     """The instructions with their data dependencies, before memory-reuse ones (lower)."""
     b = Builder(plan)
+    in_sbuf = {x.id for x in plan.buffers if x.memory == ex.SBUF}
     for n, group in enumerate(groups or [[i] for i in range(len(g.nodes))]):
         spread = layouts[n] if layouts else 0
         if len(group) == 1:
             _lower_node(b, g, group[0], kernels[group[0]], plan, target, spread)
         else:
-            _lower_group(b, g, group, kernels, plan, target, spread)
+            _lower_group(b, g, group, kernels, plan, target, in_sbuf, spread)
     return b
 
 
@@ -358,10 +359,11 @@ def _lower_group(
     kernels: list[Kernel],
     plan: MemoryPlan,
     target: Target,
+    in_sbuf: set[int],
     spread: int = 0,
 ) -> None:
+    """One fused kernel; in_sbuf: the buffers kept in SBUF."""
     inside = set(group)
-    in_sbuf = {x.id for x in plan.buffers if x.memory == ex.SBUF}
     external: list[int] = []
     reloads = 0
     for i in group:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from trnsim.compiler import PASSES, Compilation, run_passes
 from trnsim.compiler.graph import Graph, GraphBuilder, from_proto
+from trnsim.compiler.intervals import AddressMap, Lifetimes
 from trnsim.compiler.lower import Builder, Instr, build, lower
 from trnsim.compiler.memory_plan import MemoryPlan
 from trnsim.compiler.schedule import list_schedule
@@ -106,3 +108,40 @@ def test_fewer_dependencies_same_schedule_on_real_graphs(options: ex.CompileOpti
 def test_fewer_dependencies_same_schedule_on_random_graphs(g: Graph) -> None:
     schedules_match(g, ex.CompileOptions())
     schedules_match(g, UNFUSED)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 80), st.integers(0, 40)), max_size=40),
+    st.tuples(st.integers(0, 80), st.integers(0, 40)),
+)
+def test_lifetimes_finds_what_a_scan_finds(
+    items: list[tuple[int, int]], query: tuple[int, int]
+) -> None:
+    index: Lifetimes[int] = Lifetimes(0, 120)
+    for k, (first, length) in enumerate(items):
+        index.add(k, first, first + length)
+    first, last = query[0], query[0] + query[1]
+    found = list(index.overlapping(first, last))
+    expected = [k for k, (f, n) in enumerate(items) if f <= last and first <= f + n]
+    assert sorted(found) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20)), max_size=30),
+    st.tuples(st.integers(0, 60), st.integers(1, 20)),
+)
+def test_address_map_shows_the_last_painter_of_each_byte(
+    paints: list[tuple[int, int]], query: tuple[int, int]
+) -> None:
+    memory = AddressMap()
+    last: dict[int, int] = {}
+    for k, (start, size) in enumerate(paints):
+        memory.paint(start, start + size, k)
+        last.update({byte: k for byte in range(start, start + size)})
+    start, end = query[0], query[0] + query[1]
+    expected = {last[byte] for byte in range(start, end) if byte in last}
+    assert set(memory.occupants(start, end)) == expected
+    assert memory.starts == sorted(memory.starts)
+    assert all(e <= s for e, s in zip(memory.ends, memory.starts[1:], strict=False))
