@@ -43,12 +43,14 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--nodes", type=int, nargs="+", default=[1000, 2000, 4000, 8000], help="chain lengths"
     )
     parser.add_argument("--size", type=int, default=4096, help="elements of each tensor")
-    parser.add_argument("--opt-level", type=int, default=1, choices=(1, 2, 3))
+    parser.add_argument(
+        "--opt-level", type=int, default=1, choices=(1, 2, 3), help="compile level (default 1)"
+    )
     parser.add_argument(
         "--no-fusion", action="store_true", help="one kernel per node (most memory reuse)"
     )
