@@ -469,9 +469,10 @@ def _add_reuse_deps(b: Builder, plan: MemoryPlan) -> None:
     access before the last write comes before that write; a buffer hidden behind a later
     one comes before that one's writes), so the schedule is the same with a bounded number
     of dependencies per instruction instead of one per earlier access (quadratic in the
-    graph). A streamed dependency orders only starts, so the instructions a write is
-    streamed from are kept in full when they touch a buffer that lived there
-    (_streamed_accesses)."""
+    graph). A streamed dependency orders only starts, not ends, so up the chain of
+    instructions a write is streamed from, the nearest one that touched a buffer that lived
+    there is kept too (_streamed_accesses). tests/compiler/test_lower.py checks the schedule
+    against the exhaustive rule's."""
     previous = previous_occupants(plan)
     if not previous:
         return
