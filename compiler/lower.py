@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from trnsim.compiler import op_table
 from trnsim.compiler.graph import Graph, Node, TensorType, Value, values_in
-from trnsim.compiler.memory_plan import MemoryPlan
+from trnsim.compiler.intervals import AddressMap
+from trnsim.compiler.memory_plan import MemoryPlan, PlannedBuffer
 from trnsim.protos import executable_pb2 as ex
 from trnsim.simulator import cost_model, dtypes
 from trnsim.simulator.config import Target
@@ -224,7 +225,7 @@ def classify(g: Graph, target: Target, sbuf_budget: int) -> list[Kernel]:
     return [kernel_for(g, node, target, sbuf_budget) for node in g.nodes]
 
 
-class _Builder:
+class Builder:
     """Appends instructions and derives dependencies from the buffers they touch."""
 
     def __init__(self, plan: MemoryPlan) -> None:
@@ -282,15 +283,29 @@ def lower(
     fused kernel loads what comes from HBM once, chains its nodes through SBUF and stores
     only what leaves it. layouts[k]: the partitions kernel k's transfers are spread over
     (0: all of them; fewer make longer contiguous runs, chosen by the schedule search)."""
-    b = _Builder(plan)
+    b = build(g, kernels, plan, target, groups, layouts)
+    _add_reuse_deps(b, plan)
+    return b.instrs
+
+
+def build(
+    g: Graph,
+    kernels: list[Kernel],
+    plan: MemoryPlan,
+    target: Target,
+    groups: list[list[int]] | None = None,
+    layouts: list[int] | None = None,
+) -> Builder:
+    """The instructions with their data dependencies, before memory-reuse ones (lower)."""
+    b = Builder(plan)
+    in_sbuf = {x.id for x in plan.buffers if x.memory == ex.SBUF}
     for n, group in enumerate(groups or [[i] for i in range(len(g.nodes))]):
         spread = layouts[n] if layouts else 0
         if len(group) == 1:
             _lower_node(b, g, group[0], kernels[group[0]], plan, target, spread)
         else:
-            _lower_group(b, g, group, kernels, plan, target, spread)
-    _add_reuse_deps(b, plan)
-    return b.instrs
+            _lower_group(b, g, group, kernels, plan, target, in_sbuf, spread)
+    return b
 
 
 def _node_buffers(g: Graph, i: int, plan: MemoryPlan) -> tuple[list[int], list[int]]:
@@ -309,7 +324,7 @@ def _dma(target: Target, nbytes: int, spread: int) -> Cost:
 
 
 def _lower_node(
-    b: _Builder, g: Graph, i: int, k: Kernel, plan: MemoryPlan, target: Target, spread: int = 0
+    b: Builder, g: Graph, i: int, k: Kernel, plan: MemoryPlan, target: Target, spread: int = 0
 ) -> None:
     reads, writes = _node_buffers(g, i, plan)
     if k.klass == C.VIEW:
@@ -338,16 +353,17 @@ def _lower_node(
 
 
 def _lower_group(
-    b: _Builder,
+    b: Builder,
     g: Graph,
     group: list[int],
     kernels: list[Kernel],
     plan: MemoryPlan,
     target: Target,
+    in_sbuf: set[int],
     spread: int = 0,
 ) -> None:
+    """One fused kernel; in_sbuf: the buffers kept in SBUF."""
     inside = set(group)
-    in_sbuf = {x.id for x in plan.buffers if x.memory == ex.SBUF}
     external: list[int] = []
     reloads = 0
     for i in group:
@@ -443,22 +459,123 @@ def _in_kernel(g: Graph, i: int, k: Kernel, inside: set[int], target: Target) ->
     return "vector", cost_model.tensor_scalar(target, elements)
 
 
-def _add_reuse_deps(b: _Builder, plan: MemoryPlan) -> None:
-    """A buffer placed where an earlier one lived is written only after that one's last read."""
-    internal = [x for x in plan.buffers if x.role == ex.INTERNAL and x.size]
-    writers: dict[int, list[int]] = {}
-    readers: dict[int, list[int]] = {}
+def _add_reuse_deps(b: Builder, plan: MemoryPlan) -> None:
+    """A buffer placed where earlier ones lived is written only after their last accesses.
+
+    Each write into a buffer waits for the earlier buffers still visible in its address
+    range (previous_occupants) at their frontier: their last writer before it and the reads
+    since. Everything else the rule "after every earlier access of every buffer that lived
+    there" names is already ordered before those through the builder's dependencies (an
+    access before the last write comes before that write; a buffer hidden behind a later
+    one comes before that one's writes), so the schedule is the same with a bounded number
+    of dependencies per instruction instead of one per earlier access (quadratic in the
+    graph). A streamed dependency orders only starts, not ends, so up the chain of
+    instructions a write is streamed from, the nearest one that touched a buffer that lived
+    there is kept too (_streamed_accesses). tests/compiler/test_lower.py checks the schedule
+    against the exhaustive rule's."""
+    previous = previous_occupants(plan)
+    if not previous:
+        return
+    frontier = _Frontier(plan)
     for ins in b.instrs:
-        for w in ins.writes:
-            writers.setdefault(plan.root(w).id, []).append(ins.id)
+        roots = {plan.root(w).id for w in ins.writes}
+        news = [plan.buffers[n] for n in sorted(roots) if n in previous]
+        for new in news:
+            for old in previous[new.id]:
+                for producer in frontier.last_accesses(old):
+                    b._dep(ins, producer)
+        if news:
+            for producer in _streamed_accesses(b.instrs, ins, news, plan):
+                b._dep(ins, producer)
+        frontier.record(ins)
+
+
+def _overlap(a: PlannedBuffer, b: PlannedBuffer) -> bool:
+    return a.offset < b.offset + b.size and b.offset < a.offset + a.size
+
+
+def previous_occupants(plan: MemoryPlan) -> dict[int, list[int]]:
+    """Per sized INTERNAL buffer: the sized INTERNAL buffers that died before it was made
+    and that are still visible in its address range (not covered since by a later one).
+    Offsets of HBM and SBUF are compared alike, as the rule always has (a conservative
+    order between the two memories); each memory keeps its own map of occupants, since
+    only within one memory do buffers sharing addresses never share lifetimes."""
+    internal = [x for x in plan.buffers if x.role == ex.INTERNAL and x.size]
+    by_death = sorted(internal, key=lambda x: (x.live_until, x.id))
+    maps: dict[int, AddressMap] = {}
+    found: dict[int, list[int]] = {}
+    dead = 0
+    for new in sorted(internal, key=lambda x: (x.live_from, x.id)):
+        while dead < len(by_death) and by_death[dead].live_until < new.live_from:
+            old = by_death[dead]
+            maps.setdefault(old.memory, AddressMap()).paint(
+                old.offset, old.offset + old.size, old.id
+            )
+            dead += 1
+        olds = [o for m in maps.values() for o in m.occupants(new.offset, new.offset + new.size)]
+        if olds:
+            found[new.id] = list(dict.fromkeys(olds))
+    return found
+
+
+class _Frontier:
+    """The builder's view of each root buffer, replayed in program order: its last writer
+    and the instructions that read it since."""
+
+    def __init__(self, plan: MemoryPlan) -> None:
+        self.plan = plan
+        self.last_writer: dict[int, int] = {}
+        self.readers: dict[int, list[int]] = {}
+
+    def last_accesses(self, root: int) -> list[int]:
+        writer = self.last_writer.get(root)
+        readers = self.readers.get(root, [])
+        return readers if writer is None else [writer, *readers]
+
+    def record(self, ins: Instr) -> None:
         for r in ins.reads:
-            readers.setdefault(plan.root(r).id, []).append(ins.id)
-    for new in internal:
-        for old in internal:
-            if old.live_until >= new.live_from or old is new:
-                continue
-            if old.offset < new.offset + new.size and new.offset < old.offset + old.size:
-                for w in writers.get(new.id, []):
-                    for r in readers.get(old.id, []) + writers.get(old.id, []):
-                        if r < w:
-                            b._dep(b.instrs[w], r)
+            self.readers.setdefault(self.plan.root(r).id, []).append(ins.id)
+        for w in ins.writes:
+            root = self.plan.root(w).id
+            self.last_writer[root] = ins.id
+            self.readers[root] = []
+
+
+def _streamed_accesses(
+    instrs: list[Instr], ins: Instr, news: list[PlannedBuffer], plan: MemoryPlan
+) -> list[int]:
+    """The instruction ins must also wait for, beyond its frontier dependencies: the nearest
+    one up its chain of streamed producers (past the first, whose streamed dependency stays)
+    that touches a buffer dead before one of `news` and sharing addresses with it. A
+    streamed edge orders starts, not ends, so the chain does not order that one's end before
+    ins. The walk stops early where an instruction after it on the chain (or ins) already
+    waits for its end: then it, and all before it on the chain, are ordered already."""
+    producer = _streamed_from(ins)
+    member = None if producer is None else _streamed_from(instrs[producer])
+    waited = {p for p, streamed in ins.deps.items() if not streamed}
+    if producer is not None:
+        waited.update(p for p, streamed in instrs[producer].deps.items() if not streamed)
+    while member is not None and member not in waited:
+        m = instrs[member]
+        if _touches_dead(m, news, plan):
+            return [member]
+        waited.update(p for p, streamed in m.deps.items() if not streamed)
+        member = _streamed_from(m)
+    return []
+
+
+def _touches_dead(m: Instr, news: list[PlannedBuffer], plan: MemoryPlan) -> bool:
+    """Whether m reads or writes a sized INTERNAL buffer that died before one of `news` was
+    made and shares addresses with it (the reuse rule's earlier accesses)."""
+    latest = max(n.live_from for n in news)
+    for x in [*m.reads, *m.writes]:
+        old = plan.root(x)
+        if old.role != ex.INTERNAL or not old.size or old.live_until >= latest:
+            continue
+        if any(old.live_until < n.live_from and _overlap(old, n) for n in news):
+            return True
+    return False
+
+
+def _streamed_from(ins: Instr) -> int | None:
+    return next((p for p, streamed in ins.deps.items() if streamed), None)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trnsim.compiler import op_table
 from trnsim.compiler.graph import Graph, Node, Value, values_in
+from trnsim.compiler.intervals import Lifetimes
 from trnsim.compiler.passes import broadcast_constants
 from trnsim.protos import executable_pb2 as ex
 
@@ -88,13 +89,18 @@ def assign_offsets(buffers: list[PlannedBuffer]) -> int:
 
 
 def _first_fit(buffers: list[PlannedBuffer]) -> int:
-    placed: list[PlannedBuffer] = []
+    """Largest first, each at the lowest offset clear of the buffers placed so far whose
+    lifetimes meet its own (found through an index by lifetime, not a scan of all placed)."""
+    if not buffers:
+        return 0
+    placed: Lifetimes[PlannedBuffer] = Lifetimes(
+        min(b.live_from for b in buffers), max(b.live_until for b in buffers)
+    )
     peak = 0
     for b in sorted(buffers, key=lambda b: (-b.size, b.live_from, b.id)):
         conflicts = sorted(
             (p.offset, p.offset + _align(p.size))
-            for p in placed
-            if p.live_from <= b.live_until and b.live_from <= p.live_until
+            for p in placed.overlapping(b.live_from, b.live_until)
         )
         offset = 0
         for start, end in conflicts:
@@ -102,7 +108,7 @@ def _first_fit(buffers: list[PlannedBuffer]) -> int:
                 break
             offset = max(offset, end)
         b.offset = offset
-        placed.append(b)
+        placed.add(b, b.live_from, b.live_until)
         peak = max(peak, offset + _align(b.size))
     return peak
 
