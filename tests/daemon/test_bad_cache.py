@@ -36,8 +36,8 @@ def _blob(i: int, size: int) -> tuple[str, svc.ExecutableBlob]:
     return key, make_blob(bytes([i % 251]) * size, 1, key)
 
 
-def _large(i: int, nodes: int = 120) -> svc.CompileRequest:
-    """request(i) with a chain of relus: an executable of ~50 KB, over diskcache's 32 KiB,
+def _large(i: int, nodes: int = 300) -> svc.CompileRequest:
+    """request(i) with a chain of relus: an executable of ~60 KB, over diskcache's 32 KiB,
     so kept in a value file written before its row is committed."""
     b = GraphBuilder(f"chain{i}")
     x = b.input([8, 8 + i])
