@@ -5,14 +5,22 @@ the queue hands workers the most urgent job (policy/priorities.py); a queued job
 waiters all left is dropped without compiling. Waiters come only from open streams: a
 request still on its way through the I/O threads when its stream closes, or when it is
 cancelled, never starts a compile nobody waits for.
+
+A job leaves the table once its result is cached, so a request that missed the cache just
+before that and reaches the table just after would start a second compile of the same key
+(N ranks asking at once met this window a few times a run). Each lookup therefore takes a
+ticket first (`ticket()`), and `submit` answers FINISHED when a job of that key finished
+after the ticket: the caller looks in the cache again instead of compiling again.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +32,18 @@ log = logging.getLogger(__name__)
 # whichever thread has the answer (the event loop, an I/O thread, a worker's supervisor), so
 # it only queues the answer for the stream's own loop.
 Deliver = Callable[[svc.CompileResult], None]
+# How many finished keys the table remembers for late requests (a request whose ticket is
+# older than all of them looks in the cache again, to be safe).
+RECENT_FINISHES = 4096
+
+
+class Submitted(enum.Enum):
+    """What became of a waiter handed to `InFlight.submit`."""
+
+    QUEUED = enum.auto()  # it started a new job
+    JOINED = enum.auto()  # it joined a job already in flight
+    REFUSED = enum.auto()  # its stream closed or its request was cancelled: no answer owed
+    FINISHED = enum.auto()  # a job of its key finished after its ticket: look in the cache
 
 
 @dataclass(eq=False)
@@ -68,6 +88,10 @@ class InFlight:
         self.joins = 0
         self.dropped = 0
         self.refused = 0  # waiters of closed streams or cancelled requests, never queued
+        self.relooked = 0  # requests sent back to the cache: their key finished meanwhile
+        self._finishes = 0  # jobs finished so far: what a ticket counts
+        self._recent: OrderedDict[str, int] = OrderedDict()  # key -> its last finish's number
+        self._forgotten = 0  # the newest finish number dropped from _recent
         # open stream -> ids of its requests cancelled before they could be queued
         self._streams: dict[int, set[int]] = {}
 
@@ -90,24 +114,41 @@ class InFlight:
             if cancelled is not None:
                 cancelled.discard(request_id)
 
-    def submit(self, key: str, request: svc.CompileRequest, waiter: Waiter) -> bool:
-        """Adds a waiter for key; returns True when it joined a job already in flight. The
-        waiter of a closed stream or of a cancelled request is dropped (no answer is owed)."""
+    def ticket(self) -> int:
+        """Taken before a cache lookup and handed to `submit`: finishes after it are seen."""
+        with self._cond:
+            return self._finishes
+
+    def submit(
+        self, key: str, request: svc.CompileRequest, waiter: Waiter, ticket: int | None = None
+    ) -> Submitted:
+        """Adds a waiter for key: it joins the job in flight, or starts one. The waiter of a
+        closed stream or of a cancelled request is dropped (no answer is owed). With the
+        ticket taken before the caller's cache lookup, a key whose job finished since then
+        is not compiled again: FINISHED, the cache has its result (or its error)."""
         with self._cond:
             cancelled = self._streams.get(waiter.stream)
             if cancelled is None or waiter.request_id in cancelled:
                 self.refused += 1
-                return False
+                return Submitted.REFUSED
             job = self._jobs.get(key)
             if job is not None:
                 waiter.joined = True
                 job.waiters.append(waiter)
                 self.joins += 1
                 self._cond.notify_all()
-                return True
+                return Submitted.JOINED
+            if ticket is not None and self._finished_since(key, ticket):
+                self.relooked += 1
+                return Submitted.FINISHED
             self._jobs[key] = Job(key, request, waiters=[waiter])
             self._cond.notify_all()
-            return False
+            return Submitted.QUEUED
+
+    def _finished_since(self, key: str, ticket: int) -> bool:
+        """Whether a job of key finished after `ticket` (or may have: a ticket older than
+        what the table remembers). Called with the lock held."""
+        return ticket < self._forgotten or self._recent.get(key, 0) > ticket
 
     def withdraw(self, stream: int, request_id: int | None = None) -> None:
         """A stream closed (or cancelled one request): its waiters leave their jobs."""
@@ -168,10 +209,16 @@ class InFlight:
             self._cond.notify_all()
 
     def finish(self, job: Job, result: svc.CompileResult) -> int:
-        """Delivers the result to every waiter (each with its own request id)."""
+        """Delivers the result to every waiter (each with its own request id). Called after
+        the result is cached: a request that missed the cache before is sent back to it."""
         with self._cond:
             self._jobs.pop(job.key, None)
             waiters = list(job.waiters)
+            self._finishes += 1
+            self._recent[job.key] = self._finishes
+            self._recent.move_to_end(job.key)
+            while len(self._recent) > RECENT_FINISHES:
+                _, self._forgotten = self._recent.popitem(last=False)
         now = time.monotonic()
         for w in waiters:
             out = svc.CompileResult()
