@@ -2,9 +2,11 @@
 
 A request for a key already queued or compiling joins that job (its waiter count grows);
 the queue hands workers the most urgent job (policy/priorities.py); a queued job whose
-waiters all left is dropped without compiling. Waiters come only from open streams: a
-request still on its way through the I/O threads when its stream closes, or when it is
-cancelled, never starts a compile nobody waits for.
+waiters all left is dropped without compiling, save a background job whose asker's stream
+ended (the process exited before its fused graph was compiled): that one is compiled for the
+shared cache, so that the executables compiled do not depend on when each process exits.
+Waiters come only from open streams: a request still on its way through the I/O threads
+when its stream closes, or when it is cancelled, never starts a compile nobody waits for.
 
 A job leaves the table once its result is cached, so a request that missed the cache just
 before that and reaches the table just after would start a second compile of the same key
@@ -65,6 +67,8 @@ class Job:
     attempts: int = 0
     running: bool = False
     started_at: float = 0.0  # when its (last) attempt started running
+    # A background waiter's stream ended while it was queued: compiled even with no waiter.
+    for_cache: bool = False
 
     @property
     def cache_key(self) -> str:
@@ -73,10 +77,12 @@ class Job:
         return self.key.split(":", 1)[0]
 
     def queued(self) -> priorities.QueuedJob:
+        waiting = [w.priority for w in self.waiters]
         return priorities.QueuedJob(
-            priorities.most_urgent([w.priority for w in self.waiters]),
+            priorities.most_urgent(waiting) if waiting else priorities.BACKGROUND,
             len(self.waiters),
             self.enqueued_at,
+            self.for_cache,
         )
 
 
@@ -151,20 +157,24 @@ class InFlight:
         return ticket < self._forgotten or self._recent.get(key, 0) > ticket
 
     def withdraw(self, stream: int, request_id: int | None = None) -> None:
-        """A stream closed (or cancelled one request): its waiters leave their jobs."""
+        """A stream closed (or cancelled one request): its waiters leave their jobs. A
+        background job left by a closed stream stays, for the shared cache."""
         with self._cond:
             cancelled = self._streams.get(stream)
             if request_id is not None and cancelled is not None:
                 cancelled.add(request_id)  # (in case it is still on its way)
             for key, job in list(self._jobs.items()):
-                job.waiters = [
+                leaving = [
                     w
                     for w in job.waiters
-                    if not (
-                        w.stream == stream and (request_id is None or w.request_id == request_id)
-                    )
+                    if w.stream == stream and (request_id is None or w.request_id == request_id)
                 ]
-                if not job.waiters and not job.running:
+                if not leaving:
+                    continue
+                job.waiters = [w for w in job.waiters if w not in leaving]
+                if request_id is None and any(w.priority == priorities.BACKGROUND for w in leaving):
+                    job.for_cache = True
+                if not job.waiters and not job.running and not job.for_cache:
                     del self._jobs[key]
                     self.dropped += 1
 
@@ -203,7 +213,7 @@ class InFlight:
     def requeue(self, job: Job) -> None:
         with self._cond:
             job.running = False
-            if not job.waiters:
+            if not job.waiters and not job.for_cache:
                 self._jobs.pop(job.key, None)
                 self.dropped += 1
             self._cond.notify_all()

@@ -213,6 +213,25 @@ def test_a_queued_job_whose_waiters_all_left_is_dropped():
     assert table.next_job(timeout=0.05) is None
 
 
+def test_a_background_job_whose_process_ended_is_compiled_for_the_cache_after_the_rest():
+    table, got = InFlight(), []
+    for stream in (1, 2, 3):
+        table.open_stream(stream)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got, svc.BACKGROUND))
+    table.submit(KEY_B, _request(), _waiter(2, 1, got, svc.BLOCKING))
+    table.submit(KEY_C, _request(), _waiter(3, 1, got, svc.BACKGROUND))
+    table.withdraw(3, 1)  # a cancelled request: nobody wants it
+    table.close_stream(1)  # the process that asked for KEY_A exited
+    table.close_stream(2)
+    assert table.counts() == (1, 0, 0) and table.dropped == 2, "only KEY_A stays"
+    job = table.next_job(timeout=1)
+    assert job is not None and job.key == KEY_A
+    table.requeue(job)  # (its worker died): tried again all the same
+    job = table.next_job(timeout=1)
+    assert job is not None and job.key == KEY_A
+    assert table.finish(job, svc.CompileResult(executable=_blob(KEY_A))) == 0 and not got
+
+
 def test_a_running_job_outlives_its_waiters_and_a_requeued_one_without_them_goes():
     table, got = InFlight(), []
     table.open_stream(1)
