@@ -2,18 +2,30 @@
 
 A request for a key already queued or compiling joins that job (its waiter count grows);
 the queue hands workers the most urgent job (policy/priorities.py); a queued job whose
-waiters all left is dropped without compiling. Waiters come only from open streams: a
-request still on its way through the I/O threads when its stream closes, or when it is
-cancelled, never starts a compile nobody waits for. Shutting down, every waiter is answered
-(cancel_all), and one that comes after is answered at once.
+waiters all left is dropped without compiling, save a background job whose asker's stream
+ended (the process exited before its fused graph was compiled): that one is compiled for the
+shared cache, so that the executables compiled do not depend on when each process exits.
+Waiters come only from open streams: a request still on its way through the I/O threads
+when its stream closes, or when it is cancelled, never starts a compile nobody waits for.
+
+A job leaves the table once its result is cached, so a request that missed the cache just
+before that and reaches the table just after would start a second compile of the same key
+(N ranks asking at once met this window a few times a run). Each lookup therefore takes a
+ticket first (`ticket()`), and `submit` answers FINISHED when a job of that key finished
+after the ticket: the caller looks in the cache again instead of compiling again.
+
+Shutting down, every waiter is answered (cancel_all), and one that comes after is answered
+at once.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +37,18 @@ log = logging.getLogger(__name__)
 # whichever thread has the answer (the event loop, an I/O thread, a worker's supervisor), so
 # it only queues the answer for the stream's own loop.
 Deliver = Callable[[svc.CompileResult], None]
+# How many finished keys the table remembers for late requests (a request whose ticket is
+# older than all of them looks in the cache again, to be safe).
+RECENT_FINISHES = 4096
+
+
+class Submitted(enum.Enum):
+    """What became of a waiter handed to `InFlight.submit`."""
+
+    QUEUED = enum.auto()  # it started a new job
+    JOINED = enum.auto()  # it joined a job already in flight
+    REFUSED = enum.auto()  # its stream closed or its request was cancelled: no answer owed
+    FINISHED = enum.auto()  # a job of its key finished after its ticket: look in the cache
 
 
 @dataclass(eq=False)
@@ -46,6 +70,8 @@ class Job:
     attempts: int = 0
     running: bool = False
     started_at: float = 0.0  # when its (last) attempt started running
+    # A background waiter's stream ended while it was queued: compiled even with no waiter.
+    for_cache: bool = False
 
     @property
     def cache_key(self) -> str:
@@ -54,10 +80,12 @@ class Job:
         return self.key.split(":", 1)[0]
 
     def queued(self) -> priorities.QueuedJob:
+        waiting = [w.priority for w in self.waiters]
         return priorities.QueuedJob(
-            priorities.most_urgent([w.priority for w in self.waiters]),
+            priorities.most_urgent(waiting) if waiting else priorities.BACKGROUND,
             len(self.waiters),
             self.enqueued_at,
+            self.for_cache,
         )
 
 
@@ -70,6 +98,10 @@ class InFlight:
         self.dropped = 0
         self.refused = 0  # waiters of closed streams or cancelled requests, never queued
         self._cancelled: str | None = None  # why every waiter is answered CANCELLED (cancel_all)
+        self.relooked = 0  # requests sent back to the cache: their key finished meanwhile
+        self._finishes = 0  # jobs finished so far: what a ticket counts
+        self._recent: OrderedDict[str, int] = OrderedDict()  # key -> its last finish's number
+        self._forgotten = 0  # the newest finish number dropped from _recent
         # open stream -> ids of its requests cancelled before they could be queued
         self._streams: dict[int, set[int]] = {}
 
@@ -92,22 +124,33 @@ class InFlight:
             if cancelled is not None:
                 cancelled.discard(request_id)
 
-    def submit(self, key: str, request: svc.CompileRequest, waiter: Waiter) -> bool:
-        """Adds a waiter for key; returns True when it joined a job already in flight. The
-        waiter of a closed stream or of a cancelled request is dropped (no answer is owed);
-        after cancel_all(), a waiter is answered CANCELLED at once."""
+    def ticket(self) -> int:
+        """Taken before a cache lookup and handed to `submit`: finishes after it are seen."""
+        with self._cond:
+            return self._finishes
+
+    def submit(
+        self, key: str, request: svc.CompileRequest, waiter: Waiter, ticket: int | None = None
+    ) -> Submitted:
+        """Adds a waiter for key: it joins the job in flight, or starts one. The waiter of a
+        closed stream or of a cancelled request is dropped (no answer is owed); after
+        cancel_all(), a waiter is answered CANCELLED at once (REFUSED). With the ticket taken
+        before the caller's cache lookup, a key whose job finished since then is not compiled
+        again: FINISHED, the cache has its result (or its error)."""
         with self._cond:
             cancelled = self._streams.get(waiter.stream)
             if cancelled is None or waiter.request_id in cancelled:
                 self.refused += 1
-                return False
+                return Submitted.REFUSED
             why = self._cancelled
             if why is None:
-                return self._add(key, request, waiter)
+                return self._add(key, request, waiter, ticket)
         _deliver(Job(key, request), [waiter], _cancelled(why))
-        return False
+        return Submitted.REFUSED
 
-    def _add(self, key: str, request: svc.CompileRequest, waiter: Waiter) -> bool:
+    def _add(
+        self, key: str, request: svc.CompileRequest, waiter: Waiter, ticket: int | None
+    ) -> Submitted:
         """submit()'s waiter joins key's job, or starts one (called holding self._cond)."""
         job = self._jobs.get(key)
         if job is not None:
@@ -115,26 +158,38 @@ class InFlight:
             job.waiters.append(waiter)
             self.joins += 1
             self._cond.notify_all()
-            return True
+            return Submitted.JOINED
+        if ticket is not None and self._finished_since(key, ticket):
+            self.relooked += 1
+            return Submitted.FINISHED
         self._jobs[key] = Job(key, request, waiters=[waiter])
         self._cond.notify_all()
-        return False
+        return Submitted.QUEUED
+
+    def _finished_since(self, key: str, ticket: int) -> bool:
+        """Whether a job of key finished after `ticket` (or may have: a ticket older than
+        what the table remembers). Called with the lock held."""
+        return ticket < self._forgotten or self._recent.get(key, 0) > ticket
 
     def withdraw(self, stream: int, request_id: int | None = None) -> None:
-        """A stream closed (or cancelled one request): its waiters leave their jobs."""
+        """A stream closed (or cancelled one request): its waiters leave their jobs. A
+        background job left by a closed stream stays, for the shared cache."""
         with self._cond:
             cancelled = self._streams.get(stream)
             if request_id is not None and cancelled is not None:
                 cancelled.add(request_id)  # (in case it is still on its way)
             for key, job in list(self._jobs.items()):
-                job.waiters = [
+                leaving = [
                     w
                     for w in job.waiters
-                    if not (
-                        w.stream == stream and (request_id is None or w.request_id == request_id)
-                    )
+                    if w.stream == stream and (request_id is None or w.request_id == request_id)
                 ]
-                if not job.waiters and not job.running:
+                if not leaving:
+                    continue
+                job.waiters = [w for w in job.waiters if w not in leaving]
+                if request_id is None and any(w.priority == priorities.BACKGROUND for w in leaving):
+                    job.for_cache = True
+                if not job.waiters and not job.running and not job.for_cache:
                     del self._jobs[key]
                     self.dropped += 1
 
@@ -173,16 +228,22 @@ class InFlight:
     def requeue(self, job: Job) -> None:
         with self._cond:
             job.running = False
-            if not job.waiters:
+            if not job.waiters and not job.for_cache:
                 self._jobs.pop(job.key, None)
                 self.dropped += 1
             self._cond.notify_all()
 
     def finish(self, job: Job, result: svc.CompileResult) -> int:
-        """Delivers the result to every waiter (each with its own request id)."""
+        """Delivers the result to every waiter (each with its own request id). Called after
+        the result is cached: a request that missed the cache before is sent back to it."""
         with self._cond:
             self._jobs.pop(job.key, None)
             waiters = list(job.waiters)
+            self._finishes += 1
+            self._recent[job.key] = self._finishes
+            self._recent.move_to_end(job.key)
+            while len(self._recent) > RECENT_FINISHES:
+                _, self._forgotten = self._recent.popitem(last=False)
         _deliver(job, waiters, result)
         return len(waiters)
 

@@ -20,7 +20,7 @@ from trnsim.compiler.graph import GraphError, from_proto
 from trnsim.daemon import wire
 from trnsim.daemon.cache import ExecutableCache
 from trnsim.daemon.config import DaemonConfig
-from trnsim.daemon.inflight import Deliver, InFlight, Job, Waiter
+from trnsim.daemon.inflight import Deliver, InFlight, Job, Submitted, Waiter
 from trnsim.daemon.wire import Undecodable
 from trnsim.daemon.workers import STOPPING, Done, WorkerPool, reap_orphans
 from trnsim.protos import compile_service_pb2 as svc
@@ -304,6 +304,21 @@ class CompileService(svc_grpc.CompileServiceServicer):
         except GraphError as e:
             self._invalid(request, deliver, e)
             return
+        self._lookup_or_queue(stream, request, deliver, key)
+
+    def _lookup_or_queue(
+        self,
+        stream: int,
+        request: svc.CompileRequest,
+        deliver: Deliver,
+        key: str,
+        again: bool = True,
+    ) -> None:
+        """Answers a valid request from the cache, or queues (or joins) its compile. The
+        ticket is taken before the lookup: if a compile of the key ended between the lookup
+        and the queueing, its result is cached, and the request looks `again` (once) rather
+        than starting a second compile of the same key (inflight.py)."""
+        ticket = self.inflight.ticket() if again else None
         hit = self.cache.get(key)
         if hit is not None:
             blob, tier = hit
@@ -326,7 +341,8 @@ class CompileService(svc_grpc.CompileServiceServicer):
         priority = request.priority or svc.BLOCKING
         waiter = Waiter(stream, request.id, priority, deliver)
         job_key, job_request = shared_job(key, request)
-        self.inflight.submit(job_key, job_request, waiter)
+        if self.inflight.submit(job_key, job_request, waiter, ticket) is Submitted.FINISHED:
+            self._lookup_or_queue(stream, request, deliver, key, again=False)
 
     def _invalid(self, request: svc.CompileRequest, deliver: Deliver, e: Exception) -> None:
         self.stats.failure(svc.INVALID_REQUEST)

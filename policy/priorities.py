@@ -1,7 +1,10 @@
 """The order in which the daemon compiles queued jobs (shared by daemon and clients).
 
 Blocking requests (a step waits) before background ones; then the job more processes are
-waiting for; then the oldest. A job nobody waits for any more is not compiled at all.
+waiting for; then the oldest. A job nobody waits for any more is not compiled at all, save a
+background one whose asking process ended while it was queued: it is compiled for the shared
+cache, after every job someone waits for (the next run, or a rank still to meet the graph,
+fetches it; so N ranks compile the same executables as one, however their exits fall).
 Background jobs never hold every worker: one is kept for the blocking compiles a step may
 ask for at any moment (a background compile of a fused graph can take tens of seconds).
 """
@@ -19,6 +22,7 @@ class QueuedJob:
     priority: int  # BLOCKING or BACKGROUND (the most urgent of its waiters)
     waiters: int
     enqueued_at: float  # seconds, any monotonic clock
+    for_cache: bool = False  # a background job whose asker ended: compiled with no waiter
 
 
 def rank(job: QueuedJob) -> tuple[int, int, float]:
@@ -28,7 +32,7 @@ def rank(job: QueuedJob) -> tuple[int, int, float]:
 
 
 def runnable(job: QueuedJob) -> bool:
-    return job.waiters > 0
+    return job.waiters > 0 or job.for_cache
 
 
 def most_urgent(priorities: list[int]) -> int:

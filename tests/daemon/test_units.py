@@ -11,7 +11,7 @@ import time
 
 import pytest
 from trnsim.daemon.cache import ExecutableCache, MemoryLRU
-from trnsim.daemon.inflight import InFlight, Waiter
+from trnsim.daemon.inflight import RECENT_FINISHES, InFlight, Submitted, Waiter
 from trnsim.daemon.workers import WorkerPool
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos.blobs import make_blob
@@ -153,8 +153,8 @@ def test_one_job_per_key_and_every_waiter_answered_under_its_own_id():
     table, got = InFlight(), []
     table.open_stream(1)
     table.open_stream(2)
-    assert table.submit(KEY_A, _request(), _waiter(1, 10, got)) is False
-    assert table.submit(KEY_A, _request(), _waiter(2, 20, got)) is True  # joined
+    assert table.submit(KEY_A, _request(), _waiter(1, 10, got)) is Submitted.QUEUED
+    assert table.submit(KEY_A, _request(), _waiter(2, 20, got)) is Submitted.JOINED
     assert table.counts() == (1, 0, 2) and table.joins == 1
     job = table.next_job(timeout=1)
     assert job is not None and job.key == KEY_A and table.counts() == (0, 1, 2)
@@ -162,6 +162,37 @@ def test_one_job_per_key_and_every_waiter_answered_under_its_own_id():
     assert table.finish(job, result) == 2
     assert sorted((r.id, r.tier) for r in got) == [(10, svc.COMPILED), (20, svc.JOINED)]
     assert table.counts() == (0, 0, 0)
+
+
+def test_a_request_that_missed_the_cache_as_its_key_finished_looks_again_not_compiles():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    table.open_stream(2)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got))
+    job = table.next_job(timeout=1)
+    assert job is not None
+    late = table.ticket()  # stream 2 looks in the cache now: a miss, the job still runs
+    before_b = table.ticket()
+    table.finish(job, svc.CompileResult(executable=_blob(KEY_A), tier=svc.COMPILED))
+    assert table.submit(KEY_A, _request(), _waiter(2, 1, got), late) is Submitted.FINISHED
+    assert table.counts() == (0, 0, 0) and table.relooked == 1, "no second job of KEY_A"
+    # another key's finish sends nobody back; without a ticket (the last try) it queues
+    assert table.submit(KEY_B, _request(), _waiter(2, 2, got), before_b) is Submitted.QUEUED
+    assert table.submit(KEY_A, _request(), _waiter(2, 3, got)) is Submitted.QUEUED
+    assert table.submit(KEY_C, _request(), _waiter(2, 4, got), table.ticket()) is Submitted.QUEUED
+
+
+def test_a_ticket_older_than_what_the_table_remembers_looks_again():
+    table, got = InFlight(), []
+    table.open_stream(1)
+    old = table.ticket()
+    for i in range(RECENT_FINISHES + 1):
+        key = f"{i:064x}"
+        table.submit(key, _request(), _waiter(1, i, got))
+        job = table.next_job(timeout=1)
+        assert job is not None
+        table.finish(job, svc.CompileResult(executable=_blob(key), tier=svc.COMPILED))
+    assert table.submit(KEY_A, _request(), _waiter(1, 0, got), old) is Submitted.FINISHED
 
 
 def test_blocking_jobs_go_before_background_ones():
@@ -182,6 +213,25 @@ def test_a_queued_job_whose_waiters_all_left_is_dropped():
     assert table.next_job(timeout=0.05) is None
 
 
+def test_a_background_job_whose_process_ended_is_compiled_for_the_cache_after_the_rest():
+    table, got = InFlight(), []
+    for stream in (1, 2, 3):
+        table.open_stream(stream)
+    table.submit(KEY_A, _request(), _waiter(1, 1, got, svc.BACKGROUND))
+    table.submit(KEY_B, _request(), _waiter(2, 1, got, svc.BLOCKING))
+    table.submit(KEY_C, _request(), _waiter(3, 1, got, svc.BACKGROUND))
+    table.withdraw(3, 1)  # a cancelled request: nobody wants it
+    table.close_stream(1)  # the process that asked for KEY_A exited
+    table.close_stream(2)
+    assert table.counts() == (1, 0, 0) and table.dropped == 2, "only KEY_A stays"
+    job = table.next_job(timeout=1)
+    assert job is not None and job.key == KEY_A
+    table.requeue(job)  # (its worker died): tried again all the same
+    job = table.next_job(timeout=1)
+    assert job is not None and job.key == KEY_A
+    assert table.finish(job, svc.CompileResult(executable=_blob(KEY_A))) == 0 and not got
+
+
 def test_a_running_job_outlives_its_waiters_and_a_requeued_one_without_them_goes():
     table, got = InFlight(), []
     table.open_stream(1)
@@ -196,7 +246,7 @@ def test_a_running_job_outlives_its_waiters_and_a_requeued_one_without_them_goes
 
 def test_waiters_of_closed_streams_and_cancelled_requests_are_refused():
     table, got = InFlight(), []
-    assert table.submit(KEY_A, _request(), _waiter(9, 1, got)) is False  # never opened
+    assert table.submit(KEY_A, _request(), _waiter(9, 1, got)) is Submitted.REFUSED  # never opened
     table.open_stream(1)
     table.expect(1, 5)
     table.withdraw(1, 5)  # cancelled while on its way

@@ -32,6 +32,7 @@ def test_most_urgent_waiter_decides(asked, expected):
     assert most_urgent(asked) == expected
 
 
-def test_nobody_waiting_means_not_runnable():
+def test_nobody_waiting_means_not_runnable_unless_kept_for_the_cache():
     assert not runnable(QueuedJob(BLOCKING, 0, 0.0))
     assert runnable(QueuedJob(BACKGROUND, 1, 0.0))
+    assert runnable(QueuedJob(BACKGROUND, 0, 0.0, for_cache=True)), "its asker exited"
