@@ -294,7 +294,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             return
         try:
             from_proto(request.graph)  # validated (types, names, limits) before anything else
-            problem = wire.request_problem(request, get_target(request.target).hbm_bytes)
+            problem = wire.request_problem(request)
             if problem is not None:
                 raise GraphError(problem)  # (never compiled, never cached)
             if key is None:

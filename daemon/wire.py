@@ -180,16 +180,18 @@ def registry() -> Registry | None:
     return Registry(made_from, ops, frozenset(n.split("::", 1)[0] for n in ops))
 
 
-def request_problem(request: svc.CompileRequest, device_bytes: int) -> str | None:
+def request_problem(request: svc.CompileRequest) -> str | None:
     """What is wrong with a well-formed graph (compiler/graph.py validated its form) that the
     daemon must not compile and cache: an operator torch does not have, arguments its
-    schema does not take, a scalar count or a tensor extent beyond any device. None if
-    nothing; else a message naming the node (or input) and the fault."""
+    schema does not take, a scalar count beyond any graph, a tensor whose bytes do not fit
+    in int64. None if nothing; else a message naming the node (or input) and the fault. (A
+    tensor larger than the device's memory is a real graph, answered OUT_OF_DEVICE_MEMORY by
+    the compiler, which the client turns into the user's out-of-memory error.)"""
     graph = request.graph
     if graph.num_scalar_inputs > MAX_SCALAR_INPUTS:
         return f"{graph.num_scalar_inputs} scalar inputs, over the limit of {MAX_SCALAR_INPUTS}"
     for k, t in enumerate(graph.inputs):
-        problem = _extent_problem(t, device_bytes)
+        problem = _extent_problem(t)
         if problem:
             return f"input {k}: {problem}"
     table = registry()
@@ -198,7 +200,7 @@ def request_problem(request: svc.CompileRequest, device_bytes: int) -> str | Non
         if problem:
             return f"node {i} ({node.op}): {problem}"
         for j, t in enumerate(node.outputs):
-            problem = _extent_problem(t, MAX_BYTES)
+            problem = _extent_problem(t)
             if problem:
                 return f"node {i} ({node.op}) output {j}: {problem}"
     return None
@@ -242,7 +244,7 @@ def _op_problem(node: graph_pb2.Node, table: Registry | None) -> str | None:
 _POSITIONAL = re.compile(r"arg\d+")
 
 
-def _extent_problem(t: graph_pb2.TensorType, limit: int) -> str | None:
+def _extent_problem(t: graph_pb2.TensorType, limit: int = MAX_BYTES) -> str | None:
     """A tensor whose storage offset plus extent, in bytes, is over `limit`."""
     if any(s < 0 for s in t.shape):
         return None  # (a data-dependent output: sized when it has run)
@@ -253,6 +255,6 @@ def _extent_problem(t: graph_pb2.TensorType, limit: int) -> str | None:
     if end > limit:
         return (
             f"storage offset {t.storage_offset} plus extent {span} elements end at byte "
-            f"{end}, beyond {limit} (the device's memory or int64)"
+            f"{end}, beyond int64"
         )
     return None
