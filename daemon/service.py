@@ -294,9 +294,11 @@ class CompileService(svc_grpc.CompileServiceServicer):
             return
         try:
             from_proto(request.graph)  # validated (types, names, limits) before anything else
-            problem = wire.request_problem(request)
-            if problem is not None:
-                raise GraphError(problem)  # (never compiled, never cached)
+            refused = wire.request_problem(request)
+            if refused is not None:  # (never compiled, never cached)
+                self.stats.failure(refused.error_class)
+                deliver(svc.CompileResult(id=request.id, error=refused))
+                return
             if key is None:
                 key = compiler.cache_key_from_proto(
                     request.graph, get_target(request.target), request.options

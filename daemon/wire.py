@@ -180,49 +180,71 @@ def registry() -> Registry | None:
     return Registry(made_from, ops, frozenset(n.split("::", 1)[0] for n in ops))
 
 
-def request_problem(request: svc.CompileRequest) -> str | None:
+def request_problem(request: svc.CompileRequest) -> svc.CompileError | None:
     """What is wrong with a well-formed graph (compiler/graph.py validated its form) that the
     daemon must not compile and cache: an operator torch does not have, arguments its
     schema does not take, a scalar count beyond any graph, a tensor whose bytes do not fit
-    in int64. None if nothing; else a message naming the node (or input) and the fault. (A
-    tensor larger than the device's memory is a real graph, answered OUT_OF_DEVICE_MEMORY by
-    the compiler, which the client turns into the user's out-of-memory error.)"""
+    in int64. None if nothing; else the error, its message naming the node (or input) and
+    the fault. An operator the list lacks is UNKNOWN_OP, not INVALID_REQUEST: the list is
+    what torch registered when it was written, and an op registered later (a library the
+    user imports, a custom op without a declared cost) is real in the client's process,
+    which compiles the graph itself. (A tensor larger than the device's memory is a real
+    graph too, answered OUT_OF_DEVICE_MEMORY by the compiler: the user's out-of-memory
+    error.)"""
     graph = request.graph
     if graph.num_scalar_inputs > MAX_SCALAR_INPUTS:
-        return f"{graph.num_scalar_inputs} scalar inputs, over the limit of {MAX_SCALAR_INPUTS}"
+        return _invalid(
+            f"{graph.num_scalar_inputs} scalar inputs, over the limit of {MAX_SCALAR_INPUTS}"
+        )
     for k, t in enumerate(graph.inputs):
         problem = _extent_problem(t)
         if problem:
-            return f"input {k}: {problem}"
+            return _invalid(f"input {k}: {problem}")
     table = registry()
     for i, node in enumerate(graph.nodes):
-        problem = _op_problem(node, table)
+        schema, unknown = _schema(node, table)
+        if unknown:
+            return svc.CompileError(
+                error_class=svc.UNKNOWN_OP,
+                message=f"node {i} ({node.op[:200]}): {unknown}; compiled in the client's process",
+            )
+        problem = _argument_problem(node, schema) if schema is not None else None
         if problem:
-            return f"node {i} ({node.op}): {problem}"
+            return _invalid(f"node {i} ({node.op}): {problem}")
         for j, t in enumerate(node.outputs):
             problem = _extent_problem(t)
             if problem:
-                return f"node {i} ({node.op}) output {j}: {problem}"
+                return _invalid(f"node {i} ({node.op}) output {j}: {problem}")
     return None
 
 
-def _op_problem(node: graph_pb2.Node, table: Registry | None) -> str | None:
-    """An op outside torch's namespaces must be a custom kernel (a declared cost); one of
-    torch's must exist and be called with its schema's arguments."""
+def _invalid(message: str) -> svc.CompileError:
+    return svc.CompileError(error_class=svc.INVALID_REQUEST, message=f"malformed graph: {message}")
+
+
+def _schema(node: graph_pb2.Node, table: Registry | None) -> tuple[Schema | None, str]:
+    """The op's schema when the list has it, and why the op is unknown ("" when it is not):
+    an op outside torch's namespaces must be a custom kernel (a declared cost); one of
+    torch's must be in the list."""
     if table is None:
-        return None
+        return None, ""
     namespace, _, rest = node.op.partition("::")
     name, _, overload = rest.partition(".")
     if namespace not in table.namespaces:
         if node.HasField("cost"):
-            return None
-        return (
+            return None, ""
+        return None, (
             "neither an operator of torch nor a custom kernel with a declared cost "
             "(torch.neuron.register_kernel)"
         )
     schema = table.ops.get(f"{namespace}::{name}.{overload or 'default'}")
     if schema is None:
-        return f"torch {table.torch_version} has no such operator"
+        return None, f"torch {table.torch_version} has no such operator"
+    return schema, ""
+
+
+def _argument_problem(node: graph_pb2.Node, schema: Schema) -> str | None:
+    """Arguments the op's schema does not take, or a required one missing."""
     if not schema.varargs and len(node.args) > len(schema.names):
         return f"{len(node.args)} arguments, its schema takes {len(schema.names)}"
     given: set[str] = set()

@@ -48,7 +48,7 @@ ANSWER_DEADLINE_S = env.compile_deadline_s()
 # Errors that mean "the daemon could not do it", not "this graph cannot be compiled". A
 # TIMEOUT is not among them: the graph ran over the daemon's limit, and compiling it here
 # would hold this process as long.
-_COMPILE_HERE = {svc.VERSION_MISMATCH, svc.CANCELLED, svc.TRANSIENT}
+_COMPILE_HERE = {svc.VERSION_MISMATCH, svc.CANCELLED, svc.TRANSIENT, svc.UNKNOWN_OP}
 
 
 @dataclass(frozen=True, eq=False)

@@ -215,7 +215,8 @@ def test_verify_and_prune_beside_a_serving_daemon_lose_nothing(daemon):
     before = _access_times(daemon.cache_dir)
     assert cli([*cache_dir, "verify"]) == 0 and cli([*cache_dir, "prune"]) == 0
     assert cli([*cache_dir, "ls"]) == 0
-    assert _access_times(daemon.cache_dir) == before, "the LRU order is the daemon's"
+    after = _access_times(daemon.cache_dir)  # (the daemon may still add rows: "parts:")
+    assert {k: after.get(k) for k in before} == before, "the LRU order is the daemon's"
     again = answers(daemon.address, *[_large(i) for i in range(1, count + 1)])
     assert {r.tier for r in again} <= {svc.MEMORY, svc.DISK}
 

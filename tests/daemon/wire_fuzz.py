@@ -227,7 +227,8 @@ def check_batch(address: str, batch: list[tuple[str, object]], tally: Tally) -> 
         answer = by_id[rid]
         if kind == "broken":
             assert answer.WhichOneof("outcome") == "error"
-            assert answer.error.error_class in (svc.INVALID_REQUEST, svc.VERSION_MISMATCH)
+            refused = (svc.INVALID_REQUEST, svc.VERSION_MISMATCH, svc.UNKNOWN_OP)
+            assert answer.error.error_class in refused
             assert answer.error.message
         else:
             assert answer.WhichOneof("outcome") == "executable", answer.error.message
