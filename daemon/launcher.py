@@ -108,6 +108,15 @@ def listener(path: Path) -> Listener | None:
     return Listener(int(pid), int(uid))
 
 
+def stopped(address: str) -> bool:
+    """Whether the process listening at a Unix-socket address is stopped (SIGSTOP, a
+    debugger: state T or t in /proc): it answers nothing until continued. False for a TCP
+    address, nobody listening, or a process that runs, however slowly (a loaded daemon)."""
+    path = socket_path(address)
+    peer = listener(path) if path is not None else None
+    return peer is not None and process_state(peer.pid) == "stopped"
+
+
 def peer_uid(path: Path) -> int | None:
     """The uid of the process listening on a Unix socket (SO_PEERCRED), None if none does."""
     peer = listener(path)
@@ -181,9 +190,11 @@ def probe(
     """get_info() that tells, within `timeout`, a daemon that does not answer from one that
     is slow: GetInfo is sent with a health check beside it. A daemon whose health check
     answers in time is alive, if loaded, and gets INFO_TIMEOUT_S for GetInfo; one whose
-    health check does not (stopped, swapped out, its event loop wedged) raises
-    DaemonNotAnswering after `timeout`, and nothing is started beside it. None when
-    nothing listens at address."""
+    health check does not, and whose process is stopped (SIGSTOP), raises
+    DaemonNotAnswering after `timeout`, and nothing is started beside it. One that runs but
+    did not answer the health check in time (64 clients starting at once on 2 cores) is
+    loaded, not hung: it gets INFO_TIMEOUT_S too, then DaemonNotAnswering if GetInfo has
+    no answer by then (a wedged event loop). None when nothing listens at address."""
     path = socket_path(address)
     if path is not None and not path.exists():
         return None
@@ -196,7 +207,7 @@ def probe(
         info.add_done_callback(lambda _: either.set())
         check.add_done_callback(lambda _: either.set())
         either.wait()
-        if not info.done() and _silent(check):
+        if not info.done() and _silent(check) and (path is None or stopped(address)):
             info.cancel()
             peer = listener(path) if path is not None else None
             if path is None or peer is not None:
@@ -204,8 +215,13 @@ def probe(
             return None  # (it went away while we asked)
         try:
             return info.result()  # type: ignore[no-any-return]
-        except grpc.RpcError:
-            return None
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                return None
+        peer = listener(path) if path is not None else None
+        if path is None or peer is not None:  # it listens and said nothing in INFO_TIMEOUT_S
+            raise DaemonNotAnswering(address, INFO_TIMEOUT_S, peer.pid if peer else None)
+        return None
 
 
 HEALTH_REQUEST = health_pb2.HealthCheckRequest(service=wire.SERVICE)

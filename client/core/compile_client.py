@@ -373,6 +373,7 @@ class DaemonCompileClient:
             check=lambda: launcher.answers_health_check(channel, HEALTH_DEADLINE_S),
             waiting=lambda: bool(stream.pending) or stream.asking > 0,
             hung=lambda why: self._hung(stream, why),
+            stopped=lambda: launcher.stopped(self.address),
         )
         responses = svc_grpc.CompileServiceStub(channel).Compile(self._requests(stream.outbox))
         threading.Thread(

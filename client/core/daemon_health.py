@@ -37,12 +37,19 @@ class Backoff:
         self.retry_at = 0.0
 
 
+# A daemon whose process runs but has not answered for this long is wedged, not loaded.
+WEDGED_S = 10.0
+
+
 class Watchdog:
     """Watches one stream to the daemon: while a request waits on it and the daemon has sent
     nothing for `deadline_s`, it calls `check`, which asks the daemon's gRPC health service
     with that deadline (False: no answer). The health check is answered on the daemon's
     event loop, which a daemon busy with a compile of minutes keeps serving (its workers
-    compile); a stopped or wedged daemon does not answer, and `hung` is called once with
+    compile). When it goes unanswered, `stopped` tells a stopped daemon process (SIGSTOP:
+    `hung` at once) from a running one that is only slow to answer (64 clients on 2 cores
+    kept health checks waiting over 1 s): that one is asked again, and taken for hung
+    (its event loop wedged) only after `wedged_s` of silence. `hung` is called once, with
     the reason. The watchdog sleeps while nothing waits."""
 
     def __init__(
@@ -51,8 +58,12 @@ class Watchdog:
         check: Callable[[], bool],
         waiting: Callable[[], bool],
         hung: Callable[[str], None],
+        stopped: Callable[[], bool] = lambda: True,
+        wedged_s: float = WEDGED_S,
     ) -> None:
         self.deadline_s = deadline_s
+        self.wedged_s = max(wedged_s, deadline_s)
+        self._stopped_process = stopped
         self.heard_at = time.monotonic()  # when the daemon last showed it is alive
         self._check = check
         self._waiting = waiting
@@ -89,12 +100,21 @@ class Watchdog:
             if silence < self.deadline_s:
                 time.sleep(self.deadline_s - silence)
             elif not self._answers():
-                if not self._stopped:
-                    self._hung(
-                        f"the compile daemon did not answer a health check within "
-                        f"{self.deadline_s:g} s (stopped or wedged?)"
-                    )
-                return
+                why = self._why_hung(time.monotonic() - self.heard_at)
+                if why and not self._stopped:
+                    self._hung(why)
+                    return
+
+    def _why_hung(self, silence: float) -> str:
+        """Why the silent daemon counts as hung now, or "" (slow: ask it again)."""
+        if self._stopped_process():
+            return (
+                f"the compile daemon's process is stopped and did not answer a health check "
+                f"within {self.deadline_s:g} s"
+            )
+        if silence >= self.wedged_s:
+            return f"the compile daemon runs but has not answered for {silence:.0f} s (wedged?)"
+        return ""
 
     def _answers(self) -> bool:
         """Whether the daemon answers a health check within the deadline. Only silence
