@@ -138,3 +138,36 @@ def test_the_health_deadline_is_read_in_env(monkeypatch):
         monkeypatch.setenv("NEURON_COMPILE_HEALTH_DEADLINE", bad)
         with pytest.raises(env.ConfigError, match="expected seconds"):
             env.health_deadline_s()
+
+
+def test_a_running_daemon_slow_to_answer_is_not_taken_for_hung_until_wedged():
+    """A silent daemon whose process runs is loaded (64 clients on 2 cores kept health checks
+    waiting over 1 s): it is asked again, and taken for hung only after wedged_s; one whose
+    process is stopped is taken for hung at the first unanswered check."""
+    from trnsim.client.core.daemon_health import Watchdog
+
+    def watch(stopped: bool) -> tuple[list[float], Watchdog]:
+        hung: list[float] = []
+        start = time.monotonic()
+        dog = Watchdog(
+            0.2,
+            check=lambda: time.sleep(0.2) or False,  # (no answer within the deadline)
+            waiting=lambda: True,
+            hung=lambda why: hung.append(time.monotonic() - start),
+            stopped=lambda: stopped,
+            wedged_s=2.0,
+        )
+        dog.request_sent()
+        return hung, dog
+
+    stopped, dog1 = watch(True)
+    running, dog2 = watch(False)
+    try:
+        time.sleep(1.2)
+        assert len(stopped) == 1 and stopped[0] < 1.0, stopped
+        assert running == [], "a running daemon is given wedged_s"
+        time.sleep(1.8)
+        assert len(running) == 1 and 2.0 <= running[0] < 3.0, running
+    finally:
+        dog1.stop()
+        dog2.stop()
