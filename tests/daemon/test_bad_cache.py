@@ -140,6 +140,7 @@ def _hold_lock(db: Path, seconds: float) -> subprocess.Popen[str]:
     return holder
 
 
+@pytest.mark.slow
 def test_start_on_a_locked_cache(short_tmp):
     cache_dir = short_tmp / "cache"
     _warm_cache(short_tmp, cache_dir)
@@ -159,6 +160,7 @@ def test_start_on_a_locked_cache(short_tmp):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_a_locked_disk_tier_comes_back_once_the_lock_goes(tmp_path):
     directory = tmp_path / "executables"
     ExecutableCache(directory, 1 << 20, 1 << 24).close()

@@ -83,7 +83,11 @@ def test_a_daemon_busy_with_a_long_compile_is_not_taken_for_hung(short_tmp):
         d.stop()
 
 
-@pytest.mark.parametrize("auto_start", [False, True], ids=["address", "auto"])
+@pytest.mark.parametrize(
+    "auto_start",
+    [pytest.param(False, marks=pytest.mark.slow), True],  # (auto covers the address case too)
+    ids=["address", "auto"],
+)
 def test_a_client_started_during_a_hang_pays_the_health_deadline_at_most(daemon, auto_start):
     """A process that starts while the daemon is stopped: its first compile waits out one
     short handshake (not the 10 s GetInfo), the next ones none until the back-off ends,

@@ -118,6 +118,7 @@ def test_a_killed_daemon_leaves_the_path_to_the_next(short_tmp):
         second.stop()
 
 
+@pytest.mark.slow
 def test_a_locked_cache_does_not_make_auto_start_start_a_second_daemon(short_tmp, crowd_path):
     """cache.db under an exclusive lock (a long VACUUM) for longer than the clients wait: the
     daemon they start waits on it, the clients give up and ask again and again (each wait
