@@ -171,3 +171,19 @@ def run_json(code: str, env: dict[str, str], *args: str) -> Any:
         check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie no one reaped yet counts: it runs nothing)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def past_start_up(pid: int) -> bool:
+    """A worker that runs its parent watch (worker.die_with is done: its start-up is over)."""
+    try:
+        return psutil.Process(pid).num_threads() >= 2
+    except psutil.Error:
+        return False

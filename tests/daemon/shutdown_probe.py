@@ -22,26 +22,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import psutil
 from trnsim import compiler
 from trnsim.client.core.compile_client import DaemonCompileClient
 
-from tests.daemon.helpers import daemon_stats, job, start_daemon, worker_processes
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _guarded(pid: int) -> bool:
-    """Past its start-up: its parent watch runs (worker.die_with)."""
-    try:
-        return psutil.Process(pid).num_threads() >= 2
-    except psutil.Error:
-        return False
+from tests.daemon.helpers import (
+    daemon_stats,
+    job,
+    past_start_up,
+    start_daemon,
+    worker_processes,
+)
 
 
 def probe(sig: signal.Signals, drain_s: float, compile_s: float) -> dict[str, Any]:
@@ -57,15 +47,15 @@ def probe(sig: signal.Signals, drain_s: float, compile_s: float) -> dict[str, An
     def signal_once_compiling() -> None:
         deadline = time.monotonic() + 30  # (the workers' start-up, on a loaded machine)
         while daemon_stats(d.address).in_flight == 0 or (
-            time.monotonic() < deadline and not all(_guarded(p) for p in workers)
+            time.monotonic() < deadline and not all(past_start_up(p) for p in workers)
         ):
             time.sleep(0.02)
-        guarded[:] = [p for p in workers if _guarded(p)]
+        guarded[:] = [p for p in workers if past_start_up(p)]
         marks["signal"] = time.monotonic()
         d.proc.send_signal(sig)
         while len(gone) < len(workers):
             for p in workers:
-                if p not in gone and _gone(p):
+                if p not in gone and gone(p):
                     gone[p] = time.monotonic() - marks["signal"]
             time.sleep(0.005)
         marks["workers_gone"] = time.monotonic()

@@ -18,7 +18,15 @@ from trnsim import compiler
 from trnsim.client.core.compile_client import DaemonCompileClient, Tier
 from trnsim.protos import compile_service_pb2 as svc
 
-from .helpers import daemon_stats, job, request, start_daemon, worker_processes
+from .helpers import (
+    daemon_stats,
+    gone,
+    job,
+    past_start_up,
+    request,
+    start_daemon,
+    worker_processes,
+)
 
 LONG_MS = 60_000  # a compile far longer than the drain (debug_sleep_ms: not in the key)
 GONE_WITHIN_S = 2.0
@@ -31,22 +39,9 @@ def _until(condition, what: str, timeout_s: float = 30.0) -> None:  # type: igno
         time.sleep(0.02)
 
 
-def _gone(pid: int) -> bool:
-    """Exited (a zombie no one reaped yet counts: it runs nothing)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _guarded(pid: int) -> bool:
-    """The worker runs its parent watch (worker.die_with is done: its start-up is over)."""
-    return psutil.Process(pid).num_threads() >= 2
-
-
 def _seconds_until_gone(pids: list[int], timeout_s: float = 30.0) -> float:
     start = time.monotonic()
-    _until(lambda: all(_gone(p) for p in pids), f"workers {pids} to exit", timeout_s)
+    _until(lambda: all(gone(p) for p in pids), f"workers {pids} to exit", timeout_s)
     return time.monotonic() - start
 
 
@@ -127,7 +122,7 @@ def test_workers_die_with_a_daemon_killed_mid_compile(short_tmp):
         for i in (63, 64):
             client.submit(request(i, debug_sleep_ms=LONG_MS))
         _until(lambda: daemon_stats(d.address).in_flight == 2, "both compiles to start")
-        _until(lambda: all(_guarded(p) for p in workers), "the workers' parent watch")
+        _until(lambda: all(past_start_up(p) for p in workers), "the workers' parent watch")
         d.proc.send_signal(signal.SIGKILL)
         assert _seconds_until_gone(workers) < GONE_WITHIN_S, "no worker outlives its daemon"
     finally:
@@ -180,7 +175,7 @@ def test_a_starting_daemon_reaps_orphaned_workers_and_only_those(short_tmp):
         assert psutil.Process(orphan).ppid() != os.getpid()
         d = start_daemon(short_tmp, "--workers", "1")
         try:
-            assert _gone(orphan), "reaped before the daemon answered"
+            assert gone(orphan), "reaped before the daemon answered"
             assert adopted.poll() is None, "a worker whose daemon lives is not an orphan"
             said = [ln for ln in d.log.read_text().splitlines() if "left by a daemon" in ln]
             assert len(said) == 1 and str(orphan) in said[0].split("pids ")[1].split(", ")
@@ -188,7 +183,7 @@ def test_a_starting_daemon_reaps_orphaned_workers_and_only_those(short_tmp):
         finally:
             d.stop()
     finally:
-        if not _gone(orphan):
+        if not gone(orphan):
             os.kill(orphan, signal.SIGKILL)
         adopted.kill()
         adopted.wait()
