@@ -6,10 +6,13 @@
 Each rank (benchmarks/ttfs_rank.py) trains a small Llama-style model to its first
 optimizer.step() and loss.item(). With --model, each rank (benchmarks/scale_rank.py)
 trains that full-size model of benchmarks/scale.py instead, shape-only
-(NEURON_SIM_NUMERICS=off), laid out over the ranks with FSDP2 (or tensor parallelism). Per mode and N, three settings in turn:
+(NEURON_SIM_NUMERICS=off), laid out over the ranks with FSDP2 (or tensor parallelism). Per mode and N, four settings in turn:
 - off:  a cold cache with the daemon off: every rank compiles everything for itself;
 - cold: a cold cache through one daemon, auto-started by the ranks (its own socket and cache);
-- warm: the same daemon again (a second launch): its cache holds every executable.
+- warm: the same daemon again (a second launch): its cache holds every executable, and each
+  rank reads its hits from the daemon's disk tier itself;
+- warm, asked: a third launch with NEURON_COMPILE_DIRECT_READS=0: every hit is asked of the
+  daemon over its stream (how warm starts went before direct reads).
 Compiles burn `--scale` x their modelled time of CPU (NEURON_SIM_COMPILE_SCALE; 1.0: a
 modelled second of compiling is a CPU second, as on the real compiler), where they happen:
 in each rank, or in the daemon's workers. Printed per setting: wall time to first step
@@ -133,6 +136,12 @@ def settings(n: int, mode: str, scale: float, work: Path) -> list[dict[str, floa
         warm = launch(n, daemon_env, work / "warm")
         after = daemon_stats(daemon_env)
         rows.append(row("daemon, warm", warm, int(after["compiles"]) - int(made["compiles"])))
+        asked_env = {**daemon_env, "NEURON_COMPILE_DIRECT_READS": "0"}
+        warm_asked = launch(n, asked_env, work / "warm-asked")
+        last = daemon_stats(daemon_env)
+        rows.append(
+            row("daemon, warm, asked", warm_asked, int(last["compiles"]) - int(after["compiles"]))
+        )
     finally:
         stop_daemon(daemon_env)
         shutil.rmtree(runtime_dir, ignore_errors=True)
@@ -165,7 +174,7 @@ def main() -> None:
         for n in [int(x) for x in args.ranks.split(",")]:
             with tempfile.TemporaryDirectory(prefix="ttfs-") as tmp:
                 rows = settings(n, mode, args.scale, Path(tmp))
-            off, cold, warm = rows
+            off, cold, warm, warm_asked = rows
             if n == 1:
                 single[mode] = cold["wall"]
             print(f"\n{mode}, {n} rank(s)")
@@ -182,6 +191,7 @@ def main() -> None:
             ratios = [
                 f"cold daemon / daemon off {cold['wall'] / off['wall']:.2f}",
                 f"warm / cold compile part {warm['compile'] / cold['compile']:.3f}",
+                f"asked of the daemon {warm_asked['compile'] / cold['compile']:.3f}",
             ]
             if mode in single:
                 ratios.append(f"cold daemon / 1 rank's {cold['wall'] / single[mode]:.2f}")

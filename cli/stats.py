@@ -40,6 +40,7 @@ def format_stats(s: svc.StatsResponse) -> str:
             "hits: memory / disk",
             f"{s.memory.hits} / {s.disk.hits} ({100 * hits / max(1, asked):.1f} % of requests)",
         ),
+        ("hits clients read from disk themselves", str(s.direct_hits)),
         ("compiles", f"{s.compiles} (joined in flight: {s.joins})"),
         ("failures", ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "none"),
         ("corrupt entries dropped", str(s.corrupt_entries)),

@@ -21,6 +21,7 @@ import diskcache
 from google.protobuf.message import DecodeError
 from trnsim.daemon.config import ensure_private_dir
 from trnsim.protos import compile_service_pb2 as svc
+from trnsim.protos import disk_tier
 from trnsim.protos.blobs import blob_ok
 
 log = logging.getLogger(__name__)
@@ -203,9 +204,10 @@ class ExecutableCache:
     and it is tried again every `retry_s` until it opens (retry_s None: never, and the
     caller reports `disk_off` itself: the `trnsim cache` commands)."""
 
-    EXE = "exe:"
-    ERR = "err:"
-    PARTS = "parts:"  # a compiled key's parts (svc.KeyParts): what `Nearest` compares
+    # (protos/disk_tier.py: the layout ranks read hits in themselves)
+    EXE = disk_tier.EXE
+    ERR = disk_tier.ERR
+    PARTS = disk_tier.PARTS  # a compiled key's parts (svc.KeyParts): what `Nearest` compares
 
     def __init__(
         self,
@@ -461,6 +463,24 @@ class ExecutableCache:
 
         self._disk(store, None)
         self._maybe_clamp()
+
+    def touch(self, keys: list[str]) -> int:
+        """Executables clients read from the disk tier themselves (protos/disk_tier.py): now
+        their last use, as a hit here would have made it, so that eviction (least recently
+        used) keeps them. One statement per disk_tier.BATCH keys; returns how many it held."""
+
+        def mark(disk: DiskTier) -> int:
+            touched, now = 0, time.time()
+            for start in range(0, len(keys), disk_tier.BATCH):
+                batch = [self.EXE + k for k in keys[start : start + disk_tier.BATCH]]
+                touched += disk._sql(
+                    "UPDATE Cache SET access_time = ?, access_count = access_count + 1 "
+                    f"WHERE key IN ({','.join('?' * len(batch))}) AND raw = 1",
+                    (now, *batch),
+                ).rowcount
+            return touched
+
+        return self._disk(mark, 0)
 
     def _disk_get(self, disk_key: str) -> bytes | None:
         """A row's bytes; a row that cannot be read as ours (garbled, pickled) is dropped."""

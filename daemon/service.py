@@ -89,6 +89,7 @@ class Stats:
         self.lock = threading.Lock()
         self.requests = 0
         self.lookups = 0
+        self.direct_hits = 0  # executables clients read from the disk tier themselves (Touch)
         self.compiles = 0
         self.failures: dict[str, int] = {}
         self.compile_seconds = Histogram()
@@ -506,6 +507,22 @@ class CompileService(svc_grpc.CompileServiceServicer):
             self.stats.lookups += len(request.cache_keys)
         return response
 
+    async def Touch(
+        self, request: svc.TouchRequest, context: grpc.aio.ServicerContext
+    ) -> svc.TouchResponse:
+        """Marks executables clients read from the disk tier themselves as just used."""
+        if len(request.cache_keys) > MAX_LOOKUP_KEYS:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_LOOKUP_KEYS} keys per Touch"
+            )
+        keys = [k for k in request.cache_keys if len(k) == 64 and _HEX.issuperset(k)]
+        self.last_activity = time.monotonic()
+        loop = asyncio.get_running_loop()
+        touched = await loop.run_in_executor(self._io, self.cache.touch, keys)
+        with self.stats.lock:
+            self.stats.direct_hits += touched
+        return svc.TouchResponse(touched=touched)
+
     async def GetInfo(
         self, request: svc.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> svc.GetInfoResponse:
@@ -522,6 +539,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             started_at=self.started,
             compatible=compatible,
             cache_dir=str(self.config.cache_dir),
+            disk_tier_dir=str(self.cache.directory.absolute()),
         )
 
     async def Stats(
@@ -537,6 +555,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
             response = svc.StatsResponse(
                 requests=self.stats.requests,
                 lookups=self.stats.lookups,
+                direct_hits=self.stats.direct_hits,
                 memory=self.cache.memory.counters.to_proto(
                     len(self.cache.memory), self.cache.memory.nbytes
                 ),

@@ -96,6 +96,7 @@ def _unary(
 
 UNARY = {
     "Lookup": (svc.LookupRequest, svc.LookupResponse),
+    "Touch": (svc.TouchRequest, svc.TouchResponse),
     "Stats": (svc.StatsRequest, svc.StatsResponse),
     "GetInfo": (svc.GetInfoRequest, svc.GetInfoResponse),
     "Nearest": (svc.NearestRequest, svc.NearestResponse),

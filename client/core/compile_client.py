@@ -3,6 +3,7 @@ baseline, and the fallback) and the per-host daemon over one gRPC stream per pro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import functools
@@ -11,24 +12,26 @@ import logging
 import queue
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import grpc
-from google.protobuf.message import DecodeError
 from trnsim import compiler
 from trnsim.client.core import env
 from trnsim.client.core.daemon_health import Backoff, Watchdog
+from trnsim.client.core.direct_reads import DirectReads
 from trnsim.compiler.compile_time import burn
 from trnsim.daemon import launcher
-from trnsim.daemon.config import ConfigError, default_address
+from trnsim.daemon.config import ConfigError, check_private_dir, default_address
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 from trnsim.protos import executable_pb2, graph_pb2
-from trnsim.protos.blobs import blob_ok
+from trnsim.protos.blobs import executable_of
 from trnsim.simulator.config import get_target
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,10 @@ HEALTH_DEADLINE_S = env.health_deadline_s()
 LOOKUP_DEADLINE_S = 2.0  # adaptive mode asking the cache for a graph met the first time
 NEAREST_DEADLINE_S = 10.0  # torch.neuron.explain() asking which cached keys are nearest
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the daemon's own send limit (daemon/server.py)
+# Executables read from the daemon's disk tier are reported to it (Touch: their last use, for
+# its LRU eviction) this long after the first of them, in one message, by a timer thread.
+TOUCH_AFTER_S = 0.5
+MAX_TOUCH_KEYS = 10_000  # the daemon's limit per Touch
 # How long a blocking compile waits for the answer of a daemon that is alive (it answers its
 # health checks) before compiling in process: a safety net against a daemon that answers
 # everything but this request (every request is answered). Past the daemon's own compile
@@ -76,6 +83,7 @@ class Tier(enum.Enum):
     IN_PROCESS = enum.auto()  # compiled in this process (no daemon, or its fallback)
     MEMORY = enum.auto()  # the daemon's memory tier
     DISK = enum.auto()  # the daemon's disk tier
+    DIRECT = enum.auto()  # the daemon's disk tier, read by this process itself
     COMPILED = enum.auto()  # the daemon compiled it for this request
     JOINED = enum.auto()  # the request joined the daemon's compile already in flight
     UNSPECIFIED = enum.auto()  # a daemon that did not say
@@ -131,6 +139,10 @@ class CompileClient(Protocol):
         """The executable of `key` if a shared cache holds it (never compiles; it waited for
         nothing): None on a miss or without a shared cache."""
 
+    def read(self, keys: list[str]) -> dict[str, Compiled]:
+        """The executables of `keys` a shared cache holds, read in one go without compiling
+        (a key missing from the answer is not there): {} without a shared cache."""
+
 
 # A cache key and its parts (compiler/keys.py key_parts): what explaining a miss compares.
 Parts = tuple[str, list[compiler.KeyPart]]
@@ -171,6 +183,9 @@ class InProcessCompileClient:
     def cached(self, key: str) -> Compiled | None:
         return None
 
+    def read(self, keys: list[str]) -> dict[str, Compiled]:
+        return {}
+
 
 class DaemonUnavailable(RuntimeError):
     """Recoverable: the daemon cannot be reached; the client compiles in process for now."""
@@ -185,9 +200,11 @@ class DaemonCompileClient:
     step fails, or waits out a hang, because of the daemon.
     """
 
-    def __init__(self, address: str, auto_start: bool) -> None:
+    def __init__(self, address: str, auto_start: bool, direct_reads: bool | None = None) -> None:
         self.address = address
         self.auto_start = auto_start
+        # Cache hits read from the daemon's disk tier here (NEURON_COMPILE_DIRECT_READS)
+        self.direct_reads = env.direct_reads() if direct_reads is None else direct_reads
         self.local = InProcessCompileClient()
         self.version = compiler.compiler_version()
         self.requests = 0
@@ -198,9 +215,21 @@ class DaemonCompileClient:
         self._stream: _Stream | None = None
         self._backoff = Backoff()
         self._warned = False
+        self._disk: DirectReads | None = None  # the daemon's disk tier, read here
+        self._touch_timer: threading.Timer | None = None
 
     # -- the interface ------------------------------------------------------------------------------
     def compile(self, job: CompileJob, priority: int = svc.BLOCKING) -> Compiled:
+        compiled = self._hit(job)
+        if compiled is None:
+            compiled = self._ask(job, priority)
+        if job.debug is not None and job.options.emit_debug_info:
+            # ours: the daemon never shares one client's
+            compiled.executable.debug.graph.CopyFrom(job.debug)
+        return compiled
+
+    def _ask(self, job: CompileJob, priority: int) -> Compiled:
+        """The daemon's answer (a hit in its memory, a join, a compile), or compiled here."""
         request = compile_request(job, background=priority == svc.BACKGROUND)
         future = self.submit(request)
         try:
@@ -214,9 +243,6 @@ class DaemonCompileClient:
         compiled = self._answer(result, job.key)
         if isinstance(compiled, str):
             return self._compile_here(job, compiled)
-        if job.debug is not None and job.options.emit_debug_info:
-            # ours: the daemon never shares one client's
-            compiled.executable.debug.graph.CopyFrom(job.debug)
         return compiled
 
     shared = True
@@ -229,6 +255,10 @@ class DaemonCompileClient:
             key = job.key
         except Exception as e:  # noqa: BLE001  (a malformed graph: its error, as in process)
             out.set_exception(e)
+            return out
+        hit = self._hit(job)
+        if hit is not None:
+            out.set_result(hit)
             return out
 
         def here(why: str) -> None:
@@ -302,6 +332,86 @@ class DaemonCompileClient:
         stream.watchdog.request_sent()
         return future
 
+    # -- cache hits read from the daemon's disk tier ------------------------------------------------
+    def _hit(self, job: CompileJob) -> Compiled | None:
+        """The job's executable, read from the daemon's disk tier by this process; None
+        (ask the daemon) on a miss, an entry in doubt, or without direct reads."""
+        try:
+            key = job.key
+        except Exception:  # noqa: BLE001  (a malformed graph: the daemon says what is wrong)
+            return None
+        return self.read([key]).get(key)
+
+    def read(self, keys: list[str], connect: bool = True) -> dict[str, Compiled]:
+        """The executables of `keys` this process reads from the daemon's disk tier itself,
+        all in one go (a key missing from the answer: ask the daemon). Read-only, and only
+        from the disk tier of a daemon that answers (`connect`: reaching it first if need
+        be), in a directory of this user's only."""
+        disk = self._direct(connect) if self.direct_reads else None
+        if disk is None:
+            return {}
+        found = disk.executables(keys)
+        if found:
+            self.tiers["DIRECT"] = self.tiers.get("DIRECT", 0) + len(found)
+            self._touch_later()
+        # (fetched: nothing was compiled for it, it waited for nothing)
+        return {key: Compiled(exe, 0.0, Tier.DIRECT) for key, exe in found.items()}
+
+    def _direct(self, connect: bool) -> DirectReads | None:
+        if self._stream is not None:  # (the hot path: connected, no lock taken)
+            return self._disk
+        with self._lock:
+            stream = self._connect() if connect else self._stream
+            return self._disk if stream is not None else None
+
+    def _use_disk(self, info: svc.GetInfoResponse) -> None:
+        """Reads from the disk tier the daemon's handshake names, from now on (under the lock)."""
+        directory = Path(info.disk_tier_dir) if info.disk_tier_dir else None
+        if self._disk is not None and self._disk.directory == directory:
+            return
+        if self._disk is not None:
+            self._disk.close()
+            self._disk = None
+        if not self.direct_reads or directory is None or not directory.is_absolute():
+            return
+        try:  # (this user's alone: a cache others can write to is not read)
+            check_private_dir(directory)
+        except (ConfigError, OSError) as e:
+            log.debug("cache hits go through the daemon: %s", e)
+            return
+        self._disk = DirectReads(directory)
+
+    def _touch_later(self) -> None:
+        if self._touch_timer is not None:  # (the hot path: one is set already)
+            return
+        with self._lock:
+            if self._touch_timer is not None:
+                return
+            timer = self._touch_timer = threading.Timer(TOUCH_AFTER_S, self._touch)
+        timer.name, timer.daemon = "trnsim-touch", True
+        timer.start()
+        _READING.add(self)  # (what is left at exit is told then)
+
+    def _touch(self) -> None:
+        """Tells the daemon which executables this process read from its disk tier (their
+        last use, for its least recently used eviction). Nothing waits on it."""
+        with self._lock:
+            self._touch_timer = None
+            stream, disk = self._stream, self._disk
+        keys = disk.touched() if disk is not None else []
+        if stream is None or not keys:
+            return
+        stub = svc_grpc.CompileServiceStub(stream.channel)
+        for start in range(0, len(keys), MAX_TOUCH_KEYS):
+            request = svc.TouchRequest(cache_keys=keys[start : start + MAX_TOUCH_KEYS])
+            # (an older daemon, a busy or gone one, a channel closed meanwhile: the LRU
+            # order is a little off, nothing else)
+            try:
+                stub.Touch(request, timeout=HEALTH_DEADLINE_S)
+            except (grpc.RpcError, ValueError) as e:
+                log.debug("Touch: %s", e)
+                return
+
     # -- the stream -------------------------------------------------------------------------------
     def _connect(self) -> _Stream | None:
         """The open stream; else a new one if the daemon is due to be asked and answers."""
@@ -316,6 +426,7 @@ class DaemonCompileClient:
             self._tell(f"the compile daemon at {self.address} answers again: compiles go to it")
         self._backoff.answered()
         self._stream = self._open()
+        self._use_disk(info)
         return self._stream
 
     def _reach(self) -> svc.GetInfoResponse | None:
@@ -438,19 +549,9 @@ class DaemonCompileClient:
     def executable(self, result: svc.CompileResult, key: str) -> executable_pb2.Executable | None:
         """The executable a result carries, if it is intact and is the one for `key` (the
         key this process computed for its graph): else None."""
-        if result.WhichOneof("outcome") != "executable" or not blob_ok(result.executable, key):
+        if result.WhichOneof("outcome") != "executable":
             return None
-        try:
-            exe = executable_pb2.Executable.FromString(result.executable.data)
-        except DecodeError:
-            return None
-        if (
-            exe.cache_key != key
-            or exe.format_version != compiler.FORMAT_VERSION
-            or exe.compiler_version != self.version
-        ):
-            return None
-        return exe
+        return executable_of(result.executable, key, self.version, compiler.FORMAT_VERSION)
 
     def _compile_here(self, job: CompileJob, why: str) -> Compiled:
         self.fallbacks += 1
@@ -471,12 +572,23 @@ class DaemonCompileClient:
             self._warn(message)
 
     def close(self) -> None:
+        timer = self._touch_timer
+        if timer is not None:
+            timer.cancel()
+        self._touch()  # (what was read since the last Touch)
         stream = self._stream
         if stream is not None:
             self._lost(stream, "closed", retry_later=False)
+        with self._lock:
+            disk, self._disk = self._disk, None
+        if disk is not None:
+            disk.close()
         self.local.close()
 
     def cached(self, key: str) -> Compiled | None:
+        hit = self.read([key], connect=False).get(key)
+        if hit is not None:
+            return hit
         stream = self._stream
         if stream is None:
             return None
@@ -525,6 +637,17 @@ class DaemonCompileClient:
             else None
             for a in answers
         ]
+
+
+# Clients that read hits from a disk tier: at exit, each tells its daemon what it read since
+# its last Touch (a training process exits without closing its client).
+_READING: weakref.WeakSet[DaemonCompileClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _touch_at_exit() -> None:
+    for client in list(_READING):
+        client._touch()
 
 
 @dataclass(eq=False)

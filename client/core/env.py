@@ -16,6 +16,7 @@ NEURON_EAGER = "NEURON_EAGER"  # eager (default) | adaptive
 NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issue: daemon)
 NEURON_COMPILE_DEADLINE = "NEURON_COMPILE_DEADLINE"  # s a compile waits for the daemon (660)
 NEURON_COMPILE_HEALTH_DEADLINE = "NEURON_COMPILE_HEALTH_DEADLINE"  # s to show it is alive (1)
+NEURON_COMPILE_DIRECT_READS = "NEURON_COMPILE_DIRECT_READS"  # 1 (default) | 0: hits read from disk
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
 NEURON_PROFILE = "NEURON_PROFILE"  # a file: the process's profile, written at exit
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
@@ -28,7 +29,7 @@ NEURON_RECORD_SHAPES = (
 NEURON_RECORD_SOURCE = "NEURON_RECORD_SOURCE"  # the model name recorded with them (default: script)
 LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: picks the core when NEURON_RT_VISIBLE_CORES is unset
 NEURON_SIM_NODE = "NEURON_SIM_NODE"  # the simulated host this process is on (default: below)
-NEURON_SHAPE_BUCKETS = "NEURON_SHAPE_BUCKETS"  # pow2 (default) | exact | "128,256": compiled mode
+NEURON_SHAPE_BUCKETS = "NEURON_SHAPE_BUCKETS"  # pow2 (default) | exact | "128,256": dynamic sizes
 NEURON_RECORD_GRAPHS = "NEURON_RECORD_GRAPHS"  # a file: the precompile manifest (at exit)
 NEURON_EXPLAIN = "NEURON_EXPLAIN"  # a file: torch.neuron.explain()'s report, written at exit
 NEURON_LOG_LEVEL = "NEURON_LOG_LEVEL"  # debug | info (default) | warning | error | off
@@ -95,6 +96,15 @@ def health_deadline_s() -> float:
     return _seconds(NEURON_COMPILE_HEALTH_DEADLINE, "1")
 
 
+def direct_reads() -> bool:
+    """NEURON_COMPILE_DIRECT_READS: whether this process reads cache hits from the daemon's
+    disk tier itself (1, the default) or asks the daemon for every one (0)."""
+    value = os.environ.get(NEURON_COMPILE_DIRECT_READS, "").strip().lower() or "1"
+    if value not in ("1", "0", "on", "off"):
+        raise ConfigError(f"{NEURON_COMPILE_DIRECT_READS}={value!r}: use 1 (the default) or 0")
+    return value in ("1", "on")
+
+
 def _seconds(name: str, default: str) -> float:
     value = os.environ.get(name, "").strip() or default
     try:
@@ -143,7 +153,8 @@ def profile_path() -> str:
 
 
 def shape_buckets() -> str:
-    """NEURON_SHAPE_BUCKETS: how compiled mode buckets dynamic sizes (policy/buckets.py)."""
+    """NEURON_SHAPE_BUCKETS: how dynamic sizes are bucketed, compiled mode's and eager ops'
+    (policy/buckets.py)."""
     return os.environ.get(NEURON_SHAPE_BUCKETS, "")
 
 

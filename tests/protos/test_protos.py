@@ -79,9 +79,9 @@ def test_service_messages_round_trip():
     assert svc.StatsResponse.FromString(stats.SerializeToString()).failures["TRANSIENT"] == 1
 
 
-def test_service_defines_the_five_rpcs():
+def test_service_defines_the_six_rpcs():
     methods = {m.name for m in svc.DESCRIPTOR.services_by_name["CompileService"].methods}
-    assert methods == {"Compile", "Lookup", "Stats", "GetInfo", "Nearest"}
+    assert methods == {"Compile", "Lookup", "Touch", "Stats", "GetInfo", "Nearest"}
     compile_rpc = svc.DESCRIPTOR.services_by_name["CompileService"].methods_by_name["Compile"]
     assert compile_rpc.client_streaming and compile_rpc.server_streaming
 
