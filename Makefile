@@ -58,6 +58,7 @@ demo: setup
 	$(VENV)/bin/trnsim stats
 
 bench: setup
+	$(PY) benchmarks/host.py
 	$(PY) benchmarks/dispatch.py
 	$(PY) benchmarks/daemon.py
 	NEURON_COMPILE_DAEMON=off $(PY) benchmarks/modes.py

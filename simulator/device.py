@@ -86,15 +86,24 @@ class Timeline:
         return Launch(stream, name, self.host_ns, start, self._queues[stream].end_ns)
 
     def enqueue(
-        self, duration_ns: int, stream: int, engine_ns: dict[str, int], overhead_ns: int = -1
+        self,
+        duration_ns: int,
+        stream: int,
+        engine_ns: dict[str, int],
+        overhead_ns: int = -1,
+        host_ns: int = 0,
     ) -> int:
         """launch() without the record (the runtime's per-op path): the work starts when
-        the host submits it or the stream's earlier work ends, whichever is later, and takes
-        the launch overhead (the target's, unless given) plus duration_ns. Returns its start."""
+        the host submits it (after host_ns of host work: host_work, in the same call) or
+        the stream's earlier work ends, whichever is later, and takes the launch overhead
+        (the target's, unless given) plus duration_ns. Returns its start."""
         overhead = self.target.launch_overhead_ns if overhead_ns < 0 else overhead_ns
         queue = self._queues[stream]
+        if host_ns:
+            self.host_busy_ns += host_ns
+            self.host_ns += host_ns
         host = self.host_ns
-        start = max(queue.end_ns, host)
+        start = queue.end_ns if queue.end_ns > host else host  # noqa: FURB136  (per op: no call)
         end = start + overhead + duration_ns
         queue.end_ns = end
         ends = queue.ends

@@ -143,6 +143,8 @@ class _Step:
         self.number_positions: list[int] = []
         self.number_keywords: list[int] = []
         self.first_tensor = _first_tensor_builder(node)
+        self.node_args = list(node.args)  # (what the executable's program is generated from)
+        self.wrapped = False  # its numbers given as 0-dim tensors (see call())
         for a in node.args:
             declared = schema_args.get(a.name)
             number = (
@@ -164,6 +166,8 @@ class _Step:
         self.call_op = kernels.GAPS.get(node.op) or self.op._op
         self.out_op = _out_variant(self.op) if len(node.outputs) == 1 and not node.aliases else None
         self.n_outputs = len(node.outputs)
+        returns = self.op._schema.returns
+        self.one_tensor = len(returns) == 1 and str(returns[0].type) == "Tensor"
         # The layout the graph declares for each output (the Meta kernel's strides). The CPU
         # kernel may pick another (channels_last convolutions, layer norm's backward of a
         # transposed input); views and as_strided later in a graph rely on the declared one.
@@ -186,7 +190,8 @@ class _Step:
             for o in node.outputs
         ]
         self.is_view = any(not a.writes for a in node.aliases)
-        # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs).
+        # The op takes exactly the graph inputs, in order, and nothing else: call op(*inputs)
+        # (given as many inputs as it has positional arguments).
         self.inputs_only = (
             not self.keywords
             and not self.generator_arg
@@ -194,6 +199,7 @@ class _Step:
             and [a.tensor.WhichOneof("kind") for a in node.args] == ["input"] * len(node.args)
             and [a.tensor.input for a in node.args] == list(range(len(node.args)))
         )
+        self.n_positional = len(self.positional)
 
     def call(
         self,
@@ -205,12 +211,19 @@ class _Step:
         try:
             return self._call(inputs, env, scalars, generator)
         except (TypeError, RuntimeError) as e:
-            if not (self.number_positions or self.number_keywords) or "Unable to cast" not in str(
-                e
-            ):
+            if not self.refused_number(e):
                 raise
             self._wrap_numbers()
             return self._call(inputs, env, scalars, generator)
+
+    def refused_number(self, error: Exception) -> bool:
+        """Whether `error` is this op refusing a number given for a Tensor argument (run it
+        again with its numbers wrapped as 0-dim tensors)."""
+        return (
+            isinstance(error, (TypeError, RuntimeError))
+            and bool(self.number_positions or self.number_keywords)
+            and "Unable to cast" in str(error)
+        )
 
     def _wrap_numbers(self) -> None:
         """This op refused a number for a Tensor argument: wrap them from now on."""
@@ -220,6 +233,7 @@ class _Step:
             name, b = self.keywords[i]
             self.keywords[i] = (name, _wrapped_number(b, self.first_tensor))
         self.number_positions, self.number_keywords = [], []
+        self.wrapped = True
 
     def _call(
         self,
@@ -346,6 +360,7 @@ class LoadedExecutable:
         self.single = len(self.steps) == 1 and self.outputs == [
             (self.steps[0].node, j) for j in range(self.steps[0].n_outputs)
         ]
+        self._program: Program | None = None  # made on the first run with numerics
 
     def run(
         self,
@@ -356,23 +371,59 @@ class LoadedExecutable:
     ) -> list[Any]:
         """The graph's outputs. With `into` (the caller's buffer per output), the outputs an
         out= kernel can compute are written there: those results are the buffers."""
-        env: Env = {}
         if not shape_only.NUMERICS.on:
             return self._run_shapes(inputs, scalars, generator, into)
-        if self.single:
+        if self.single:  # (every eager op: kept short)
             step = self.steps[0]
             try:
-                if step.inputs_only and len(inputs) == len(step.positional):
+                if step.inputs_only and len(inputs) == step.n_positional:
                     result = step.call_op(*inputs)
                 else:
-                    result = step.call(inputs, env, scalars, generator)
+                    result = step.call(inputs, {}, scalars, generator)
             except Exception as e:
                 raise ExecutionError(step.name, step.node, e, self._where(step.node)) from e
-            if step.conforms:
-                result = step.conform(result)
-            return _flatten(result)
+            if type(result) is not torch.Tensor:
+                return _flatten(step.conform(result) if step.conforms else result)
+            declared = step.declared[0]  # (conform(), its one-tensor case inline)
+            if declared is not None and result.stride() != declared[1]:
+                result = _conformed(result, declared)
+            return [result]
+        program = self._program
+        if program is None:
+            program = self._program = _program(self)
+        return program(inputs, scalars, generator, into)
+
+    def _failed(
+        self,
+        at: int,
+        error: Exception,
+        inputs: Inputs,
+        env: Env,
+        scalars: Scalars,
+        generator: torch.Generator | None,
+        into: Sequence[torch.Tensor] | None,
+    ) -> list[Any]:
+        """Step `at` of the program raised: an op refusing a number for a Tensor argument is
+        run again with it wrapped, as _Step.call does, and the rest of the run goes step by
+        step; any other failure is the op's."""
+        step = self.steps[at]
+        if step.refused_number(error):
+            self._program = None  # (made again, with that step run by _Step.run)
+            return self._run_steps(at, inputs, env, scalars, generator, into)
+        raise ExecutionError(step.name, step.node, error, self._where(step.node)) from error
+
+    def _run_steps(
+        self,
+        start: int,
+        inputs: Inputs,
+        env: Env,
+        scalars: Scalars,
+        generator: torch.Generator | None,
+        into: Sequence[torch.Tensor] | None,
+    ) -> list[Any]:
+        """The steps from `start` on, one by one (what the program does, interpreted)."""
         writable = self.writable if into is not None else {}
-        for step in self.steps:
+        for step in self.steps[start:]:
             try:
                 k = writable.get(step.node)
                 if k is not None and into is not None:
@@ -443,6 +494,118 @@ class LoadedExecutable:
             loc = self.locations[node]
             return f"{loc.file}:{loc.line}"
         return ""
+
+
+# An executable's steps as one Python function: (inputs, scalars, generator, into) -> outputs.
+Program = Callable[
+    [Inputs, Scalars, "torch.Generator | None", "Sequence[torch.Tensor] | None"], list[Any]
+]
+
+
+def _program(exe: LoadedExecutable) -> Program:
+    """The executable's steps as one straight-line function: each op called with its
+    arguments read where _builder reads them, its result conformed and stored as _Step.run
+    does, or written into the caller's buffer as _Step.run_into does. What a step-by-step
+    run pays per op in Python (builders, dispatch through _Step) is paid once, here. A
+    step whose numbers are wrapped, or that takes the generator, runs through _Step."""
+    names: dict[str, Any] = {"_conformed": _conformed, "_store": _store, "exe": exe}
+    body: list[str] = []
+    for k, step in enumerate(exe.steps):
+        body.append(f"at = {k}")
+        node = step.node
+        j = exe.writable.get(node)
+        plain = not step.wrapped and not step.generator_arg
+        if j is not None:
+            names[f"out{k}"] = step.out_op
+            call = _call_source(step, names, k)
+            body += [
+                "if into is not None:",
+                f"    b = into[{j}]",
+                "    p = b.data_ptr()",
+                f"    out{k}({call}, out=b)"
+                if plain
+                else f"    steps[{k}].run_into(inputs, env, scalars, b)",
+                f"    assert b.data_ptr() == p, '{step.name}: out= reallocated its output'",
+                f"    env[({node}, 0)] = b",
+                "else:",
+            ]
+            indent = "    "
+        else:
+            indent = ""
+        if not plain:
+            body.append(f"{indent}steps[{k}].run(inputs, env, scalars, generator)")
+            continue
+        names[f"op{k}"] = step.call_op
+        body.append(f"{indent}r = op{k}({_call_source(step, names, k)})")
+        declared = step.declared[0] if step.declared else None
+        if step.conforms and step.one_tensor and declared is not None:
+            names[f"d{k}"] = declared
+            body += [
+                f"{indent}if r.stride() != d{k}[1]:",
+                f"{indent}    r = _conformed(r, d{k})",
+            ]
+        elif step.conforms:
+            body.append(f"{indent}r = steps[{k}].conform(r)")
+        if step.one_tensor:
+            body.append(f"{indent}env[({node}, 0)] = r")
+        else:
+            body.append(f"{indent}_store(env, {node}, r)")
+    outputs = ", ".join(f"inputs[{i}]" if n == -1 else f"env[({n}, {i})]" for n, i in exe.outputs)
+    names["steps"] = exe.steps
+    source = "\n".join(
+        [
+            "def program(inputs, scalars, generator, into):",
+            "    env = {}",
+            "    at = 0",
+            "    try:",
+            *(f"        {line}" for line in body),
+            "    except Exception as e:",
+            "        return exe._failed(at, e, inputs, env, scalars, generator, into)",
+            f"    return [{outputs}]",
+        ]
+    )
+    exec(compile(source, f"<executable {exe.key[:12]}>", "exec"), names)  # noqa: S102
+    program: Program = names["program"]
+    return program
+
+
+def _call_source(step: _Step, names: dict[str, Any], k: int) -> str:
+    """The step's arguments as source: positional, then keywords (what _Step._call passes)."""
+    positional = [a for a in step.node_args if not _keyword(step, a.name)]
+    keywords = [a for a in step.node_args if _keyword(step, a.name)]
+    parts = [_source(a, names, f"c{k}_{i}") for i, a in enumerate(positional)]
+    parts += [f"{a.name}={_source(a, names, f'c{k}_k{i}')}" for i, a in enumerate(keywords)]
+    return ", ".join(parts)
+
+
+def _keyword(step: _Step, name: str) -> bool:
+    return any(n == name for n, _ in step.keywords)
+
+
+def _source(arg: graph_pb2.Argument, names: dict[str, Any], constant: str) -> str:
+    """Where _builder reads the argument's value, as an expression."""
+    kind = arg.WhichOneof("value")
+    if kind == "tensor":
+        ref = arg.tensor
+        if ref.WhichOneof("kind") == "input":
+            return f"inputs[{ref.input}]"
+        return f"env[({ref.node_output.node}, {ref.node_output.output})]"
+    if kind == "scalar_input":
+        return f"scalars[{arg.scalar_input}]"
+    if kind == "list":
+        items = [_source(a, names, f"{constant}_{i}") for i, a in enumerate(arg.list.items)]
+        return "[" + ", ".join(items) + "]"
+    names[constant] = _constant(arg, kind)
+    return constant
+
+
+def _store(env: Env, node: int, result: Any) -> None:
+    """An op's result in the environment, as _Step.run stores it."""
+    if isinstance(result, (tuple, list)):
+        for j, r in enumerate(result):
+            env[(node, j)] = r
+    else:
+        env[(node, 0)] = result
 
 
 # Structured kernels: their out= form writes an out of the right shape where it is. (Some

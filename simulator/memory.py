@@ -59,7 +59,7 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // LARGE_ROUNDING) * LARGE_ROUNDING
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Segment:
     offset: int
     size: int
@@ -69,7 +69,7 @@ class Segment:
     head: Block | None = field(default=None, repr=False)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     """A piece of a segment: either handed out (allocated) or cached for reuse."""
 
@@ -78,11 +78,18 @@ class Block:
     size: int
     requested: int = 0
     allocated: bool = False
+    cached: bool = False  # in its pool (HbmAllocator._cache), for reuse
     prev: Block | None = field(default=None, repr=False)
     next: Block | None = field(default=None, repr=False)
 
     def sort_key(self) -> tuple[int, int]:
         return (self.size, self.offset)
+
+
+def _has_free_neighbour(block: Block) -> bool:
+    return (block.prev is not None and block.prev.cached) or (
+        block.next is not None and block.next.cached
+    )
 
 
 class _AddressSpace:
@@ -196,7 +203,11 @@ class HbmAllocator:
         c["requested_bytes"] -= block.requested
         c["num_frees"] += 1
         block.requested = 0
-        self._parked.setdefault(block.size, []).append(block)
+        parked = self._parked.get(block.size)
+        if parked is None:
+            self._parked[block.size] = [block]
+        else:
+            parked.append(block)
 
     def _unpark(self) -> None:
         if not self._parked:
@@ -206,8 +217,8 @@ class HbmAllocator:
         for block in parked:
             self._cache(block)
         for block in parked:
-            if self._in_pool(block):  # else an earlier one already merged it
-                self._uncache(block)
+            if block.cached and _has_free_neighbour(block):  # (else it stays as it is)
+                self._uncache(block)  # (an uncached one: an earlier one merged it)
                 self._cache(self._coalesce(block))
 
     def empty_cache(self) -> None:
@@ -215,6 +226,9 @@ class HbmAllocator:
         self._unpark()
         for segment in [s for s in self._segments if s.blocks_in_use == 0]:
             for pool in self._pools.values():
+                for e in pool:
+                    if e[2].segment is segment:
+                        e[2].cached = False
                 pool[:] = [e for e in pool if e[2].segment is not segment]
             self._segments.remove(segment)
             self._space.give_back(segment.offset, segment.size)
@@ -299,6 +313,7 @@ class HbmAllocator:
         if i == len(pool):
             return None
         block = pool.pop(i)[2]
+        block.cached = False
         # Like the CUDA allocator: do not carve small requests out of oversized large blocks.
         if not small and rounded < MEDIUM_REQUEST and block.size >= MEDIUM_REQUEST * 2:
             self._cache(block)
@@ -335,7 +350,7 @@ class HbmAllocator:
 
     def _coalesce(self, block: Block) -> Block:
         """Merges the block with every free cached neighbour on both sides."""
-        while block.prev is not None and not block.prev.allocated and self._in_pool(block.prev):
+        while block.prev is not None and block.prev.cached:
             prev = block.prev
             self._uncache(prev)
             prev.size += block.size
@@ -343,7 +358,7 @@ class HbmAllocator:
             if block.next is not None:
                 block.next.prev = prev
             block = prev
-        while block.next is not None and not block.next.allocated and self._in_pool(block.next):
+        while block.next is not None and block.next.cached:
             nxt = block.next
             self._uncache(nxt)
             block.size += nxt.size
@@ -354,17 +369,14 @@ class HbmAllocator:
 
     def _cache(self, block: Block) -> None:
         bisect.insort(self._pools[block.segment.small], (block.size, block.offset, block))
-
-    def _in_pool(self, block: Block) -> bool:
-        pool = self._pools[block.segment.small]
-        i = bisect.bisect_left(pool, (block.size, block.offset))
-        return i < len(pool) and pool[i][2] is block
+        block.cached = True
 
     def _uncache(self, block: Block) -> None:
         pool = self._pools[block.segment.small]
         i = bisect.bisect_left(pool, (block.size, block.offset))
         assert pool[i][2] is block, "cached block index out of sync"
         del pool[i]
+        block.cached = False
 
     def _count_alloc(self, block: Block) -> None:
         c = self._counters

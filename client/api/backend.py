@@ -9,11 +9,14 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 from torch.serialization import STORAGE
-from trnsim.client.core.types import Op, OpValue
+from trnsim.client.core.types import Args, Kwargs, Op, OpValue
+
+if TYPE_CHECKING:
+    from trnsim.client.core.ops import OpSpec
 
 _state: dict[str, object] = {}  # what registering made, kept alive (libraries, hooks)
 
@@ -36,19 +39,29 @@ class _Guard(torch._C._acc.DeviceGuard):  # type: ignore[misc,name-defined]
 
 
 def _fallback(op: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
+    spec = _specs.get(op)
+    if spec is None:  # (the rest runs for every op the fallback takes: one dict lookup)
+        spec = _first_sight(op)
+    return _enter(spec, args, kwargs)
+
+
+def _first_sight(op: Op) -> OpSpec:
+    """The door's spec of an op the fallback meets for the first time (memoised), unless it
+    has a CPU kernel only (_cpu_only): refused, every time."""
     if "direct" not in _state:
         _register_direct_kernels()
-    refused = _refused.get(op)
-    if refused is None:  # (once per op: this runs for every op the fallback takes)
-        refused = _refused[op] = op.namespace != "aten" and _cpu_only(op.name())
-    if refused:
+    if op.namespace != "aten" and _cpu_only(op.name()):
         raise NotImplementedError(_cpu_only_message(op.name()))
-    from trnsim.client.door.kernel import kernel
+    from trnsim.client.door.kernel import ready
 
-    return kernel(op, *args, **kwargs)
+    spec = _specs[op] = ready(op)
+    return spec
 
 
-_refused: dict[Op, bool] = {}  # op -> whether it has a CPU kernel only (_cpu_only)
+_specs: dict[Op, OpSpec] = {}  # op -> the door's spec of it, for the ops the fallback took
+# The door (client/door/kernel.py), bound on the first neuron op: an import statement in
+# _fallback would cost a microsecond on every op (it looks the module's spec up each time).
+_enter: Callable[[OpSpec, Args, Kwargs], OpValue]
 
 
 def _cpu_only(name: str) -> bool:
@@ -102,17 +115,30 @@ def _wants_direct_kernel(name: str) -> bool:
 
 
 # Composites whose own kernel reaches the device through out= variants (arange.start_out,
-# where.self_out), which never join a graph: taken whole, as one op, they do (dynamo's and
-# AOTAutograd's graphs make aranges for positions and _safe_softmax for attention).
+# logical_not.out over an empty tensor), which never join a graph: taken whole, as one op,
+# they do (dynamo's and AOTAutograd's graphs make aranges for positions and _safe_softmax
+# for attention; transformers' attention masks call logical_not, T5's buckets abs).
 _WHOLE = frozenset(
-    ["aten::arange", "aten::arange.start", "aten::arange.start_step", "aten::_safe_softmax"]
+    [
+        "aten::arange",
+        "aten::arange.start",
+        "aten::arange.start_step",
+        "aten::_safe_softmax",
+        "aten::logical_not",
+        "aten::logical_and",
+        "aten::logical_or",
+        "aten::logical_xor",
+        "aten::abs",
+    ]
 )
 
 
 def _register_direct_kernels() -> None:
     """Once, on the first neuron op (kept out of `import torch`: about 20 ms)."""
-    from trnsim.client.door.kernel import kernel
+    global _enter
+    from trnsim.client.door.kernel import enter, ready
 
+    _enter = enter
     lib = torch.library.Library("aten", "IMPL")
     count = 0
     for name in torch._C._dispatch_get_all_op_names():
@@ -121,8 +147,15 @@ def _register_direct_kernels() -> None:
         base, _, overload = name[len("aten::") :].partition(".")
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
 
-        def direct(*args: OpValue, _op: Op = op, **kwargs: OpValue) -> OpValue:
-            return kernel(_op, *args, **kwargs)
+        def direct(
+            *args: OpValue,
+            _op: Op = op,
+            _spec: list[OpSpec] = [],  # noqa: B006  (filled once: the op's spec)
+            **kwargs: OpValue,
+        ) -> OpValue:
+            if not _spec:  # (the door's spec of the op, kept here from its first call on)
+                _spec.append(ready(_op))
+            return enter(_spec[0], args, kwargs)
 
         lib.impl(name[len("aten::") :], direct, "PrivateUse1")
         count += 1

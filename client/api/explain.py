@@ -5,6 +5,8 @@
 - Compiled mode: dynamo's graph breaks (its reasons, counted), each recompiled function with
   the guard failures behind it, graphs that ran eagerly instead and shape buckets
   (client/modes/compiled.py).
+- Eager ops run in shape buckets: each op at a user's line whose sizes turned dynamic, which
+  sizes, the buckets compiled and the signatures run in them (client/door/buckets.py).
 - Shape-only mode (NEURON_SIM_NUMERICS=off): each value the host read, which is a
   placeholder, and each data-dependent shape taken by assumption, at the user's lines.
 
@@ -79,6 +81,15 @@ class MissRow(TypedDict):
     differs: list[str]
 
 
+class OpBucketRow(TypedDict):
+    op: str
+    where: str  # file:line
+    dynamic: str  # which sizes, and the values met that made them dynamic
+    buckets: list[str]  # each bucket's sizes, tensor by tensor
+    signatures: int  # signatures run in them (computed at their sizes, priced at the bucket)
+    refused: list[str]  # why a bucket could not be compiled (its sizes then compile one by one)
+
+
 class ShapeOnlyRow(TypedDict):
     kind: str  # "placeholder" | "assumed" | "computed"
     op: str
@@ -94,6 +105,7 @@ class Report:
     compiled: list[Explained] = field(default_factory=list)
     misses: list[MissRow] = field(default_factory=list)
     shape_only: list[ShapeOnlyRow] = field(default_factory=list)
+    op_buckets: list[OpBucketRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Sequence[Mapping[str, object]]]:
         return {
@@ -102,6 +114,7 @@ class Report:
             "compiled": self.compiled,
             "misses": self.misses,
             "shape_only": self.shape_only,
+            "op_buckets": self.op_buckets,
         }
 
     @staticmethod
@@ -112,6 +125,7 @@ class Report:
             data["compiled"],
             data.get("misses", []),
             data.get("shape_only", []),
+            data.get("op_buckets", []),
         )
 
     def __str__(self) -> str:
@@ -146,6 +160,7 @@ class Report:
             else:
                 kind, text = next(iter(item.items()))
                 lines.append(f"  {kind.replace('_', ' ')}: {text}")
+        lines.extend(_op_buckets_table(self.op_buckets))
         lines.extend(_misses_table(self.misses))
         if self.shape_only:
             lines.append(
@@ -158,6 +173,55 @@ class Report:
             if len(self.shape_only) > MAX_ROWS:
                 lines.append(f"  ... {len(self.shape_only) - MAX_ROWS} more (to_json() has all)")
         return "\n".join(lines)
+
+
+def _op_buckets_table(rows: list[OpBucketRow]) -> list[str]:
+    """Eager ops whose sizes turned dynamic: where, which sizes, the buckets they run in."""
+    if not rows:
+        return []
+    head = (
+        f"eager shape buckets: {len(rows)} ops at your lines met one size with several "
+        "values; each compiles per bucket, computed at its size and priced at the bucket's"
+    )
+    lines = [head]
+    for r in rows[:MAX_ROWS]:
+        where = (
+            "in backward (autograd's thread: no line of yours)"
+            if r["where"].startswith(NO_USER_LINE)
+            else f"at {r['where']}"
+        )
+        lines.append(f"  {r['op']} {where}: {r['dynamic'] or 'no bucket'}")
+        if r["buckets"]:
+            lines.append(
+                f"      {r['signatures']} signatures in {len(r['buckets'])} buckets: "
+                + "; ".join(r["buckets"][:6])
+                + (" ..." if len(r["buckets"]) > 6 else "")
+            )
+        for why in r["refused"][:3]:
+            lines.append(f"      no bucket: {why}")
+    if len(rows) > MAX_ROWS:
+        lines.append(f"  ... {len(rows) - MAX_ROWS} more (to_json() has all)")
+    return lines
+
+
+def _op_buckets() -> list[OpBucketRow]:
+    """The notes of eager shape buckets, one row per op and line."""
+    rows: dict[tuple[str, str], OpBucketRow] = {}
+
+    def row(op: str, where: str) -> OpBucketRow:
+        empty: OpBucketRow = {
+            "op": op, "where": where, "dynamic": "", "buckets": [], "signatures": 0, "refused": []
+        }  # fmt: skip
+        return rows.setdefault((op, where), empty)
+
+    for (op, where, bucket), n in NOTES.op_buckets.items():
+        r = row(op, where)
+        r["dynamic"] = NOTES.op_bucket_sizes.get((op, where), "")
+        r["buckets"].append(bucket)
+        r["signatures"] += n
+    for op, where, why in NOTES.op_buckets_refused:
+        row(op, where)["refused"].append(why)
+    return list(rows.values())
 
 
 def _misses_table(misses: list[MissRow]) -> list[str]:
@@ -227,7 +291,14 @@ def explain() -> Report:
         {"kind": kind, "op": op, "what": what, "where": f"{path}:{line}", "count": n}
         for (kind, op, what, path, line), n in NOTES.shape_only.most_common()
     ]
-    return Report(cuts, _graph_breaks(), compiled, _misses(runtime.get().executables), shape_only)
+    return Report(
+        cuts,
+        _graph_breaks(),
+        compiled,
+        _misses(runtime.get().executables),
+        shape_only,
+        _op_buckets(),
+    )
 
 
 def _misses(executables: Executables) -> list[MissRow]:
@@ -292,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="trnsim explain",
         description="Prints the report NEURON_EXPLAIN=FILE wrote at a run's exit: adaptive "
-        "mode's graph cuts at your lines, compiled mode's graph breaks and recompiles.",
+        "mode's graph cuts at your lines, compiled mode's graph breaks and recompiles, eager "
+        "ops run in shape buckets.",
     )
     p.add_argument("file", help="a report NEURON_EXPLAIN=FILE wrote")
     args = p.parse_args(argv)

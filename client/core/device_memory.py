@@ -14,32 +14,47 @@ from trnsim.client.core.memory import to_host_alias
 from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
 
 
+class _Held(weakref.ref[torch.UntypedStorage]):
+    """A device storage's weak reference, holding what its death gives back: its HBM block,
+    its data_ptr (0: not keyed by its memory, see adopt_storage), the CPU tensor whose
+    memory it is, and that tensor's (shape, stride, dtype, False) once a lookup needed it
+    (the form of a tensor's part of an op signature, client/door/kernel.py)."""
+
+    __slots__ = ("block", "host", "meta", "ptr")
+    block: Block
+    host: torch.Tensor
+    meta: tuple[object, ...] | None
+    ptr: int
+
+
 class DeviceMemory:
     """Allocation, adoption by a storage, park/unpark, host aliases. `flush` runs what is
-    recorded before memory it may read is taken away; `count` counts allocations."""
+    recorded before memory it may read is taken away; `counts` are the runtime's counters
+    (client/core/metrics.py), where allocations are counted."""
 
     def __init__(
         self,
         allocator: HbmAllocator,
         flush: Callable[[str], None],
-        count: Callable[[str], None],
+        counts: dict[str, int],
     ) -> None:
         self.allocator = allocator
         self._flush = flush
-        self._count = count
-        self._blocks: dict[int, tuple[weakref.ref[torch.UntypedStorage], Block, int]] = {}
-        self._block_keys: dict[int, int] = {}  # data_ptr -> its key in _blocks
+        self._counts = counts
+        self._malloc = allocator.malloc
+        # Every adopted storage alive has one _Held, here by its data_ptr (keyed: the host
+        # alias is found by a tensor's data_ptr, park/unpark by the storage's) or, when its
+        # memory cannot key it (no bytes, complex, a data_ptr already held), by id(ref).
+        self.hosts: dict[int, _Held] = {}
+        self._unkeyed: dict[int, _Held] = {}
         self._parked: dict[int, int] = {}  # data_ptr -> bytes, of storages park()ed
-        # data_ptr of each live device storage -> the CPU tensor it was made from (same
-        # memory, the allocation's sizes and strides): a cheaper host alias than DLPack.
-        self.hosts: dict[int, torch.Tensor] = {}
 
     def allocate(self, nbytes: int) -> Block:
         try:
-            block = self.allocator.malloc(nbytes)
+            block = self._malloc(nbytes)
         except OutOfMemoryError as e:
             raise out_of_memory(e) from None
-        self._count("allocations")
+        self._counts["allocations"] += 1
         return block
 
     def adopt(self, tensor: torch.Tensor, block: Block, host: torch.Tensor) -> torch.Tensor:
@@ -51,54 +66,58 @@ class DeviceMemory:
     def adopt_storage(
         self, storage: torch.UntypedStorage, block: Block, host: torch.Tensor
     ) -> None:
-        ref = weakref.ref(storage, self._release)
-        ptr = storage.data_ptr() if block.requested and not host.is_complex() else 0
-        if ptr:
-            self.hosts[ptr] = host
-            self._block_keys[ptr] = id(ref)
-        self._blocks[id(ref)] = (ref, block, ptr)
+        ref = _Held(storage, self._release)
+        ref.block, ref.host, ref.meta = block, host, None
+        ptr = ref.ptr = storage.data_ptr() if block.requested and not host.is_complex() else 0
+        if not ptr or self.hosts.setdefault(ptr, ref) is not ref:
+            ref.ptr = 0
+            self._unkeyed[id(ref)] = ref
 
-    def _release(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
-        entry = self._blocks.pop(id(ref), None)
-        if entry is not None:
-            if self._parked.pop(entry[2], None) is None:  # (a parked one's block is gone)
-                self.allocator.free(entry[1])
-            if entry[2]:
-                self.hosts.pop(entry[2], None)
-                self._block_keys.pop(entry[2], None)
+    def _release(self, ref: _Held) -> None:
+        ptr = ref.ptr
+        if ptr:
+            if self.hosts.pop(ptr, None) is None:
+                return
+            if self._parked and self._parked.pop(ptr, None) is not None:
+                return  # (a parked one's block is gone)
+        elif self._unkeyed.pop(id(ref), None) is None:
+            return
+        self.allocator.free(ref.block)
 
     def park(self, storage: torch.UntypedStorage) -> None:
         """A storage its owner calls freed while keeping the object (FSDP2 resizes an
         unsharded parameter's storage to 0 bytes): its HBM goes back to the allocator. A
         neuron storage cannot change size (PyTorch gives Python backends no storage
         resize), so its host memory stays until unpark() or the storage dies."""
-        key = self._block_keys.get(storage.data_ptr(), -1)
-        entry = self._blocks.get(key)
-        if entry is not None and entry[2] not in self._parked:
+        ref = self.hosts.get(storage.data_ptr())
+        if ref is not None and ref.ptr not in self._parked:
             self._flush("hazard")
-            self._parked[entry[2]] = entry[1].requested
-            self.allocator.free(entry[1])  # (the allocator may hand the Block out again)
+            self._parked[ref.ptr] = ref.block.requested
+            self.allocator.free(ref.block)  # (the allocator may hand the Block out again)
 
     def unpark(self, storage: torch.UntypedStorage) -> None:
         """The storage is in use again: it takes HBM again (OutOfMemoryError if none)."""
-        key = self._block_keys.get(storage.data_ptr(), -1)
-        entry = self._blocks.get(key)
-        if entry is not None and entry[2] in self._parked:
-            block = self.allocate(self._parked.pop(entry[2]))
-            self._blocks[key] = (entry[0], block, entry[2])
+        ref = self.hosts.get(storage.data_ptr())
+        if ref is not None and ref.ptr in self._parked:
+            ref.block = self.allocate(self._parked.pop(ref.ptr))
 
     def host_alias(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU tensor over a neuron tensor's memory: the allocation's own CPU tensor when
         t is the whole allocation (parameters, op outputs), else a DLPack alias (views)."""
-        h = self.hosts.get(t.data_ptr())
-        if (
-            h is not None
-            and h.shape == t.shape
-            and h.stride() == t.stride()
-            and h.dtype == t.dtype
-            and not t.is_neg()  # (complex allocations, which may be conj views, are not kept)
-        ):
-            return h
+        return self.host_alias_as(t, (t.shape, t.stride(), t.dtype, False))
+
+    def host_alias_as(self, t: torch.Tensor, meta: tuple[object, ...]) -> torch.Tensor:
+        """host_alias(t), given t's (shape, stride, dtype, is_cpu): its part of the op's
+        signature, which the door has read already."""
+        ref = self.hosts.get(t.data_ptr())
+        if ref is not None:
+            known = ref.meta
+            if known is None:
+                h = ref.host
+                known = ref.meta = (h.shape, h.stride(), h.dtype, False)
+            # (complex allocations, which may be conj views, are not kept)
+            if known == meta and not t.is_neg():
+                return ref.host
         return to_host_alias(t)
 
     def free_unadopted(self, blocks: list[Block]) -> None:

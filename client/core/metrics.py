@@ -21,6 +21,10 @@ COUNTERS = (
     "d2h_bytes",
     "d2h_async_bytes",  # of those, non_blocking copies into pinned memory (DMA, host goes on)
     "dynamic_shape_ops",  # ops whose output shape depends on data (a sync point)
+    # eager op signatures run in a shape bucket's executable (one size of the op at one line
+    # took several values): computed at their size, priced at the bucket's (client/door/buckets.py)
+    "op_bucket_signatures",
+    "op_buckets_refused",  # of those, ones the op could not be traced or compiled at
     "sparse_ops",  # ops on sparse tensors: each one launch (client/door/sparse.py)
     # Adaptive mode (NEURON_EAGER=adaptive); cut reasons are counted as cut_<reason>.
     "ops_recorded",
@@ -43,6 +47,8 @@ COUNTERS = (
     "compiled_backward_graphs",
     "compiled_inference_graphs",
     "compiled_calls",  # runs of those graphs (regions)
+    # of those, run as one prepared callable without tracing (client/modes/prepared.py)
+    "compiled_replays",
     "compiled_graphs_ready",  # regions compiled at the fused level
     "compiled_buckets",  # shape buckets whose one executable compiled (client/modes/region.py)
     "compiled_buckets_refused",  # buckets that could not be one executable: sizes compile

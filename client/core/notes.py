@@ -1,7 +1,7 @@
 """What the runtime notes for torch.neuron.explain() (client/api/explain.py) as it goes: where
-recorded graphs were cut, and in shape-only mode each placeholder the host read and each
-data-dependent shape taken by assumption, at the user's lines. The door and the modes write
-here; the report, above them, reads it.
+recorded graphs were cut, which eager ops run in shape buckets, and in shape-only mode each
+placeholder the host read and each data-dependent shape taken by assumption, at the user's
+lines. The door and the modes write here; the report, above them, reads it.
 """
 
 from __future__ import annotations
@@ -40,21 +40,33 @@ class Notes:
         # "assumed" | "computed".
         self.shape_only: Counter[tuple[str, str, str, str, int]] = Counter()
         self.warned: set[tuple[str, int]] = set()
+        # Eager ops compiled per shape bucket (client/door/buckets.py): (op, path:line, the
+        # bucket) -> signatures run in it; (op, path:line) -> its dynamic sizes; (op,
+        # path:line, why) -> refusals.
+        self.op_buckets: Counter[tuple[str, str, str]] = Counter()
+        self.op_bucket_sizes: dict[tuple[str, str], str] = {}
+        self.op_buckets_refused: Counter[tuple[str, str, str]] = Counter()
         self._quiet = 0  # explain() flushing for itself: not a cut of the user's
         # Compiled mode (client/modes/compiled.py): why graphs ran in the eager mode instead, each
-        # shape bucket compiled or refused, and per code object dynamo compiled the module it
+        # shape bucket compiled or refused, each region traced on every call (not prepared as
+        # one callable: client/modes/prepared.py), and per code object dynamo compiled the module it
         # ran for and the user's line that called it.
         self.eager_fallbacks: list[str] = []
         self.buckets: list[str] = []
+        self.unprepared: list[str] = []
         self.warned_fallback = False  # the eager-fallback warning is said once a process
         self.frames: dict[object, Frame] = {}
 
     def reset(self) -> None:
-        """What explain() reports of cuts and shape-only mode starts again (compiled mode's
-        notes are the process's: its fallbacks, buckets and recompiled functions stay)."""
+        """What explain() reports of cuts, eager shape buckets and shape-only mode starts again
+        (compiled mode's notes are the process's: its fallbacks, buckets and recompiled
+        functions stay)."""
         self.cuts.clear()
         self.shape_only.clear()
         self.warned.clear()
+        self.op_buckets.clear()
+        self.op_bucket_sizes.clear()
+        self.op_buckets_refused.clear()
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:

@@ -195,6 +195,9 @@ class Entry:
     # A tensor passed twice (a * a) is one input of the executable, so the compiler counts
     # its memory once: which tensor arguments the executable takes, in order (None: all).
     takes: tuple[int, ...] | None = None
+    # Each tensor argument's part of the signature, (shape, stride, dtype, is_cpu): what
+    # eager mode checks a host alias against (client/core/device_memory.py host_alias_as).
+    metas: list[tuple[object, ...]] = field(default_factory=list)
 
     def inputs_of(self, tensors: list[T]) -> list[T]:
         """The executable's inputs among the op's tensor arguments (`node` names them all)."""

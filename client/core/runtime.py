@@ -20,6 +20,7 @@ from trnsim.client.core.executables import Executables
 from trnsim.client.core.metrics import Metrics
 from trnsim.client.core.ops import Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs, OpValue
+from trnsim.policy import buckets
 from trnsim.simulator import cost_model, execute, shape_only
 from trnsim.simulator.config import Target, get_target
 from trnsim.simulator.device import Event, Timeline
@@ -67,10 +68,15 @@ class Runtime:
         self.core = settings.core
         self.metrics = Metrics()
         self.count = self.metrics.count  # the one counting verb (every counter declared)
-        self.memory = DeviceMemory(HbmAllocator(self.target.hbm_bytes), self.flush, self.count)
+        # (the per-op paths add to declared counters here, a dict update instead of a call)
+        self.counts = self.metrics.counts
+        self.memory = DeviceMemory(HbmAllocator(self.target.hbm_bytes), self.flush, self.counts)
         self.timeline = Timeline(self.target)
         self.compiler: CompileClient = make_client()
         self.signatures: dict[tuple[object, ...], Entry] = {}
+        # Eager ops whose sizes change with the data compile per shape bucket
+        # (client/door/buckets.py).
+        self.dynamic_sizes = buckets.DynamicSizes(buckets.parse(env.shape_buckets()))
         self.generator = torch.Generator()
         self.generator.manual_seed(DEFAULT_SEED)
         self.stream = 0
@@ -145,11 +151,15 @@ class Runtime:
         (modelled, or the real time since the last launch with NEURON_SIM_HOST=measured).
         `where`: the source line of each node of the graph it was compiled from (for the
         profiler; default: the caller's line)."""
-        timeline = self.timeline
-        timeline.host_work(host_ns if host_ns is not None else self._dispatch_cost())
-        if loaded.modelled_ns:
-            start = timeline.enqueue(loaded.modelled_ns, self.stream, loaded.engine_ns)
-            self.count("hbm_bytes", loaded.hbm_bytes)
+        if host_ns is None:
+            host_ns = self._dispatch_cost() if self.measured_host else self.dispatch_ns
+        if not loaded.modelled_ns:
+            self.timeline.host_work(host_ns)
+        else:
+            start = self.timeline.enqueue(
+                loaded.modelled_ns, self.stream, loaded.engine_ns, -1, host_ns
+            )
+            self.counts["hbm_bytes"] += loaded.hbm_bytes
             # (the per-op path: two attribute reads when nothing profiles)
             on = self.profiler is not None or autograd_profiler._is_profiler_enabled
             profilers = self.profilers() if on else ()

@@ -26,7 +26,7 @@ from trnsim.client.core.ops import (
 )
 from trnsim.client.core.pinned import is_pinned
 from trnsim.client.core.types import Args, Kwargs, Op, OpValue
-from trnsim.client.door import sparse, special
+from trnsim.client.door import buckets, sparse, special
 from trnsim.client.modes import eager
 from trnsim.simulator import shape_only
 
@@ -35,12 +35,26 @@ _READY: dict[Op, OpSpec] = {}  # op -> its spec, with the handler that runs it h
 
 
 def kernel(op: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
-    """The PrivateUse1 kernel of every ATen op (fallback and direct registrations)."""
+    """The PrivateUse1 kernel of every ATen op (direct registrations; the fallback, which
+    keeps each op's spec, calls enter)."""
+    spec = _READY.get(op) or ready(op)
+    if shapes.active is not None:  # NEURON_RECORD_SHAPES
+        shapes.active.add(spec.name, signature(spec, args, kwargs)[0], args, kwargs)
+    return spec.handler(spec, args, kwargs)  # type: ignore[misc]
+
+
+def ready(op: Op) -> OpSpec:
+    """The op layer's one spec of the op, given the handler that runs it here (memoised)."""
     spec = _READY.get(op)
-    if spec is None:  # (the op layer's one spec of the op, given the handler that runs it here)
+    if spec is None:
         spec = _READY[op] = spec_for(op)
         handler = _copy_from if spec.name == "aten::_copy_from.default" else None
         spec.handler = handler or special.HANDLERS.get(spec.name, _view if spec.is_view else run_op)
+    return spec
+
+
+def enter(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
+    """kernel(), given the op's spec (from ready)."""
     if shapes.active is not None:  # NEURON_RECORD_SHAPES
         shapes.active.add(spec.name, signature(spec, args, kwargs)[0], args, kwargs)
     return spec.handler(spec, args, kwargs)  # type: ignore[misc]
@@ -48,9 +62,11 @@ def kernel(op: Op, *args: OpValue, **kwargs: OpValue) -> OpValue:
 
 def _view(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     rt = runtime.get()
-    rt.count("ops_dispatched")
-    rt.count("view_ops")
-    result = spec.op.redispatch(special.META, *args, **kwargs)
+    counts = rt.counts
+    counts["ops_dispatched"] += 1
+    counts["view_ops"] += 1
+    # (OpOverload.redispatch without its Python frame: a third of the ops are views)
+    result = spec.op._handle.redispatch_boxed(special.META, *args, **kwargs)
     if rt.recorder is not None and rt.recorder.pending:
         rt.recorder.view(spec, args, kwargs, result)
     return result
@@ -76,8 +92,10 @@ def _walk(value: OpValue, key: list[object], tensors: list[Tensor], scalars: lis
 def signature(
     spec: OpSpec, args: Args, kwargs: Kwargs
 ) -> tuple[tuple[object, ...], list[Tensor], list[float]]:
-    """(the call's key, its tensor arguments, its float arguments) in argument order."""
-    key: list[object] = [spec.op]
+    """(the call's key, its tensor arguments, its float arguments) in argument order. The
+    key starts with the op's spec, one per op, whose hash is its identity (an OpOverload's
+    is a Python method)."""
+    key: list[object] = [spec]
     tensors: list[Tensor] = []
     scalars: list[float] = []
     for value in args:  # the common cases inline (this runs for every op)
@@ -102,17 +120,17 @@ def signature(
 def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     """An op through its signature's entry: taken by the recording mode, or run now."""
     rt = runtime.get()
-    count = rt.count
-    count("ops_dispatched")
+    counts = rt.counts
+    counts["ops_dispatched"] += 1
     key, tensors, scalars = signature(spec, args, kwargs)
     if rt.awaiting:  # collectives' outputs nobody waited for (client/distributed/)
         rt.await_collectives(tensors)
     entry = rt.signatures.get(key)
     if entry is None:
-        count("cache_misses")
-        entry = rt.signatures[key] = _entry(rt, spec, args, kwargs, tensors)
+        counts["cache_misses"] += 1
+        entry = rt.signatures[key] = _entry(rt, spec, key, args, kwargs, tensors)
     else:
-        count("cache_hits")
+        counts["cache_hits"] += 1
     if entry.sparse_out:
         return sparse.launch(spec.op, args, kwargs)
     recorder = rt.recorder
@@ -124,10 +142,16 @@ def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
 
 
 def _entry(
-    rt: runtime.Runtime, spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]
+    rt: runtime.Runtime,
+    spec: OpSpec,
+    key: tuple[object, ...],
+    args: Args,
+    kwargs: Kwargs,
+    tensors: list[Tensor],
 ) -> Entry:
     """A signature met for the first time: the op translated, with its one-op executable
-    (compiled later, if ever, when the recording mode runs recordable ops inside its own)."""
+    (compiled later, if ever, when the recording mode runs recordable ops inside its own),
+    or its shape bucket's when sizes of it change with the data (client/door/buckets.py)."""
     made = one_node(spec, args, kwargs, tensors)
     if made is None:
         return Entry(None, [], False, [], sparse_out=True)
@@ -135,8 +159,13 @@ def _entry(
     # (a CPU-generator draw too: a region whose draws run in order records it)
     recordable = made.recordable or made.cpu_draw
     lazy = recordable and rt.recorder is not None and rt.recorder.defers_op_compiles
+    loaded = None
+    if not lazy:  # (its shape bucket's executable when sizes of it are dynamic)
+        loaded = buckets.executable(rt, spec, key, args, kwargs, made) or rt.executables.get(
+            graph, debug
+        )
     return Entry(
-        None if lazy else rt.executables.get(graph, debug),
+        loaded,
         made.returns,
         made.dynamic,
         made.out_args,
@@ -146,6 +175,7 @@ def _entry(
         compile_later=(lambda: rt.executables.get(graph, debug)) if lazy else None,
         cpu_draw=made.cpu_draw,
         takes=made.takes,
+        metas=[(t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors],
     )
 
 

@@ -27,13 +27,13 @@ class Adaptive(Recorder):
         rt.count("ops_recorded")
 
     def flush(self, reason: str) -> None:
-        if not self.tape.ops:
+        if not self.tape.steps:
             return
         cut = self.tape.take()
         rt = self.rt
         rt.count("graphs_formed")
         rt.count(f"cut_{reason}")
-        note_cut(reason, cut.ops[-1].name)
+        note_cut(reason, cut.steps[-1].name)
         state = self._state(cut)
         self._collect(state)
         if state.history.seen == 1 and rt.executables.shared:
@@ -58,7 +58,7 @@ class Adaptive(Recorder):
         if not compile_policy.should_request(
             state.history,
             saving,
-            compile_policy.predicted_compile_ns(len(cut.ops)),
+            compile_policy.predicted_compile_ns(len(cut.steps)),
             rt.executables.shared,
         ):
             return

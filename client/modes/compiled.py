@@ -33,6 +33,7 @@ import torch
 from trnsim.client.core import env, errors, runtime
 from trnsim.client.core.notes import NOTES, Frame
 from trnsim.client.core.types import Op, OpValue
+from trnsim.client.modes.prepared import MISSED, Prepared, Traced, prepare
 from trnsim.client.modes.region import Bound, compiled_region
 from trnsim.policy import buckets
 from trnsim.simulator import execute
@@ -50,6 +51,10 @@ _BUCKETS = buckets.parse(env.shape_buckets())
 # (where AOTAutograd's graph holds other ops than eager dispatch meets, results differ as
 # PyTorch's own aot_eager backend's do on the CPU).
 DECOMPOSITIONS: dict[Op, Callable[..., OpValue]] = {}
+# Traced calls of a region that could not be prepared as one callable before it stops trying,
+# and how many layouts of its inputs it keeps prepared.
+PREPARE_TRIES = 2
+PREPARED = 4
 # What AOTAutograd runs for one of its graphs (boxed: it takes the list of the graph's
 # inputs, tensors and sizes, and empties it).
 Run = Callable[[list[OpValue]], OpValue]
@@ -73,9 +78,16 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
     compiled once, from the graph traced at the bucket's sizes, and runs every size in it."""
     _source_lines(gm)
     run_graph = gm.forward
+    where = _graph_where(gm)
     executables: dict[tuple[int, ...], execute.LoadedExecutable | None] = {}  # bounds -> it
+    # The region prepared as one callable for each of the last PREPARED inputs' layouts
+    # (client/modes/prepared.py), and how many traced calls could not be (after
+    # PREPARE_TRIES, every call is traced).
+    prepared: list[Prepared] = []
+    refused = 0
 
     def run(args: list[OpValue]) -> OpValue:
+        nonlocal prepared, refused
         flat = list(args)
         args.clear()  # (boxed convention: the graph owns its inputs from here)
         rt = runtime.get()
@@ -89,8 +101,25 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
                 )
             if executables[bounds] is not None:
                 bound = Bound(executables[bounds])
-        with compiled_region(rt, bound, draws):
-            return run_graph(*flat)
+        else:
+            for plan in prepared:
+                result = plan.replay(rt, flat)
+                if result is not MISSED:
+                    return result
+        traced = Traced() if bound is None and refused < PREPARE_TRIES else None
+        with compiled_region(rt, bound, draws, traced):
+            result = run_graph(*flat)
+        if traced is not None:
+            made = prepare(rt, traced, flat, result, _constants(gm))
+            if isinstance(made, str):
+                refused += 1
+                if refused == PREPARE_TRIES:
+                    NOTES.unprepared.append(
+                        f"{kind} graph from {where}: traced every call ({made})"
+                    )
+            else:
+                prepared = [made, *prepared[: PREPARED - 1]]
+        return result
 
     run._boxed_call = True  # type: ignore[attr-defined]
     run.__name__ = f"neuron_{kind}"
@@ -145,6 +174,30 @@ def _draws_in_order(gm: torch.fx.GraphModule) -> bool:
         if not any(isinstance(v, torch.Tensor) and v.device.type == NAME for v in values):
             return False
     return True
+
+
+def _constants(gm: torch.fx.GraphModule) -> dict[int, torch.Tensor]:
+    """The graph's own tensors (its get_attr nodes), by id."""
+    out = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value: object = gm
+            for name in str(node.target).split("."):
+                value = getattr(value, name)
+            if isinstance(value, torch.Tensor):
+                out[id(value)] = value
+    return out
+
+
+def _graph_where(gm: torch.fx.GraphModule) -> str:
+    """The user's line of the graph's first op that has one (how explain() names it)."""
+    import re
+
+    for node in gm.graph.nodes:
+        frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+        if frames:
+            return f"{frames[-1][0]}:{frames[-1][1]}"
+    return "an unknown line"
 
 
 def _source_lines(gm: torch.fx.GraphModule) -> None:
@@ -411,6 +464,11 @@ class ShapeBucket(TypedDict):
 
 
 @final
+class Unprepared(TypedDict):
+    unprepared: str
+
+
+@final
 class Recompiled(Frame):
     function: str
     where: str
@@ -418,17 +476,19 @@ class Recompiled(Frame):
     reasons: list[str]
 
 
-Explained = EagerFallback | ShapeBucket | Recompiled
+Explained = EagerFallback | ShapeBucket | Unprepared | Recompiled
 
 
 def explain() -> list[Explained]:
     """Why compiled functions recompiled: for each one dynamo recompiled, its name, file and
     line, and the guard failures that caused each recompile (dynamo's own reasons); then
-    each graph that runs in the eager mode instead of compiled, and why."""
+    each graph that runs in the eager mode instead of compiled, each shape bucket, and each
+    region traced on every call instead of replayed as one callable, and why."""
     from torch._dynamo.utils import guard_failures
 
     out: list[Explained] = [{"eager_fallback": why} for why in NOTES.eager_fallbacks]
     out += [{"shape_bucket": what} for what in NOTES.buckets]
+    out += [{"unprepared": what} for what in NOTES.unprepared]
     for code, reasons in guard_failures.items():
         out.append(
             {

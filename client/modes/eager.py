@@ -29,10 +29,11 @@ def run(
         return _execute(rt, spec, entry, tensors, scalars)
     # the hot path: one new tensor out
     memory = rt.memory
-    host = memory.host_alias
+    alias = memory.host_alias_as
+    metas = entry.metas
     if entry.takes is not None:
-        tensors = entry.inputs_of(tensors)
-    inputs = [t if t.is_cpu else host(t) for t in tensors]
+        tensors, metas = entry.inputs_of(tensors), entry.inputs_of(metas)
+    inputs = [t if meta[3] else alias(t, meta) for t, meta in zip(tensors, metas, strict=True)]
     block = memory.allocate(nbytes)
     try:
         loaded = entry.loaded or entry.executable()
@@ -63,7 +64,11 @@ def _execute(
 ) -> OpValue:
     """The general case: several outputs, written arguments, out=, Python values, and
     data-dependent shapes (a sync point)."""
-    inputs = [t if t.is_cpu else rt.memory.host_alias(t) for t in entry.inputs_of(tensors)]
+    alias = rt.memory.host_alias_as
+    inputs = [
+        t if meta[3] else alias(t, meta)
+        for t, meta in zip(entry.inputs_of(tensors), entry.inputs_of(entry.metas), strict=True)
+    ]
     # The CPU kernel may resize out=: give it a CPU tensor. (An op writing an argument takes
     # every tensor argument, so `takes` never renumbers out_args.)
     for index in entry.out_args:

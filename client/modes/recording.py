@@ -17,7 +17,7 @@ from trnsim.client.core.compile_client import Compiled
 from trnsim.client.core.errors import execution_error
 from trnsim.client.core.ops import FRESH, NOT_RECORDED, Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs, OpValue
-from trnsim.client.modes.tape import Cut, RecOp, Tape
+from trnsim.client.modes.tape import Cut, RecOp, Step, Tape
 from trnsim.compiler.graph import Value
 from trnsim.policy import boundaries, compile_policy
 from trnsim.simulator import execute, shape_only
@@ -51,32 +51,58 @@ class Recorder:
         self.policy = policy
         self.tape = Tape(rt)
         self.graphs: dict[tuple[object, ...], GraphState] = {}
+        # The graph whose ops are the path to a step of the trace, by which outputs of it
+        # were observable: its signature, known without hashing it again.
+        self._ends: dict[Step, dict[tuple[bool, ...], GraphState]] = {}
+        self._next_ops: dict[tuple[bool, bool, int, bool, bool], boundaries.NextOp] = {}
         self._warned_fallback = False
 
     @property
     def pending(self) -> bool:
-        return bool(self.tape.ops)
+        return bool(self.tape.steps)
 
     def offer(
         self, spec: OpSpec, entry: Entry, tensors: list[Tensor], scalars: list[float]
     ) -> OpValue:
-        """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly."""
-        tape = self.tape
-        hazard = any(not t.is_cpu and not tape.nameable(t) for t in tensors)
-        op = boundaries.NextOp(
-            self._fusible(entry), entry.dynamic, self.rt.stream, hazard, self._verified(spec, entry)
-        )
+        """Records the op, or cuts the buffer first; NOT_RECORDED: the caller runs it eagerly.
+        The op replays the trace's next step when it is that step (Tape.follow): then no
+        argument is a hazard, and recording it would give the same node."""
+        tape, policy = self.tape, self.policy
+        replay = tape.follow(entry, tensors)
+        hazard = replay is None and any(not t.is_cpu and not tape.nameable(t) for t in tensors)
+        n = len(tape.steps)
+        # (the queue's depth matters to long buffers only: a shorter one is told the depth
+        # at which nothing is drained)
+        depth = policy.low_water if n < policy.drain_min_ops else self.rt.queue_depth()
         cut = boundaries.decide(
-            len(tape.ops), tape.issued_on, op, self.rt.queue_depth(), self.policy
+            n, tape.issued_on, self._next_op(spec, entry, hazard), depth, policy
         )
         if cut is not boundaries.Cut.NONE:
             self._cutting(spec, cut)
             self.flush(cut.value)
-        if cut.runs_op_eagerly:
-            return NOT_RECORDED
-        results = tape.record(spec, entry, tensors, scalars)
+            if cut.runs_op_eagerly:
+                return NOT_RECORDED
+            replay = tape.follow(entry, tensors)
+        if replay is None:
+            results = tape.record(spec, entry, tensors, scalars)
+        else:
+            results = tape.replay(replay, entry, tensors, scalars)
         self._recorded()
         return results
+
+    def _next_op(self, spec: OpSpec, entry: Entry, hazard: bool) -> boundaries.NextOp:
+        """What the policy is told of the op (one object per distinct answer)."""
+        key = (
+            self._fusible(entry),
+            entry.dynamic,
+            self.rt.stream,
+            hazard,
+            self._verified(spec, entry),
+        )
+        op = self._next_ops.get(key)
+        if op is None:
+            op = self._next_ops[key] = boundaries.NextOp(*key[:3], hazard=hazard, verified=key[4])
+        return op
 
     def _fusible(self, entry: Entry) -> bool:
         return entry.fusible
@@ -98,11 +124,19 @@ class Recorder:
         raise NotImplementedError
 
     def _state(self, cut: Cut) -> GraphState:
-        """What is known of the cut's graph, seen once more."""
-        signature = cut.signature
-        state = self.graphs.get(signature)
+        """What is known of the cut's graph, seen once more. Found by the step its ops end
+        at and which outputs are observable; the first time there, by its signature."""
+        ends = self._ends.get(cut.steps[-1])
+        if ends is None:
+            ends = self._ends[cut.steps[-1]] = {}
+        observable = tuple(cut.observable)
+        state = ends.get(observable)
         if state is None:
-            state = self.graphs[signature] = GraphState()
+            signature = cut.signature
+            state = self.graphs.get(signature)
+            if state is None:
+                state = self.graphs[signature] = GraphState()
+            ends[observable] = state
         state.history.seen += 1
         return state
 
@@ -161,24 +195,24 @@ class Recorder:
         may change (the inputs' memory, the generator): if it fails, that is put back and the
         ops run one by one. If they succeed, the fused path was at fault, and the graph runs
         op by op from then on; if they fail too, the fault was the user's, named by op."""
-        rt, ops, input_hosts = self.rt, cut.ops, cut.input_hosts
+        rt, steps, input_hosts = self.rt, cut.steps, cut.input_hosts
         loaded = state.loaded
         assert loaded is not None
-        scalars = [s for op in ops for s in op.scalars]
-        hosts = [h for op in ops if op.entry is not None for h in op.hosts]
-        seen_hosts = [h for h, seen in zip(hosts, cut.observable, strict=True) if seen]
-        cpu = any(op.entry is not None and op.entry.cpu_draw for op in ops)
+        seen_hosts = [h for h, seen in zip(cut.hosts, cut.observable, strict=True) if seen]
         # (shape-only mode: no values to put back; a failure is named by op)
         saved = (
-            None if state.verified or not rt.numerics else _Snapshot(input_hosts, rt.generator, cpu)
+            None
+            if state.verified or not rt.numerics
+            else _Snapshot(input_hosts, rt.generator, steps[-1].cpu_draws)
         )
         try:
-            results = loaded.run(input_hosts, scalars, rt.generator, seen_hosts)
+            results = loaded.run(input_hosts, cut.scalars, rt.generator, seen_hosts)
             if len(results) != len(seen_hosts):
                 raise RuntimeError(f"{len(results)} outputs, {len(seen_hosts)} expected")
         except Exception as e:  # noqa: BLE001  (whatever failed, op by op decides)
             if saved is None:
                 cause = e.cause if isinstance(e, ExecutionError) else e
+                ops = cut.ops
                 raise _located(_op_named(ops, getattr(e, "op", "")), cause, ops) from cause
             saved.restore()
             self._run_op_by_op(cut)
@@ -203,9 +237,9 @@ class Recorder:
         for h, result in zip(seen_hosts, results, strict=True):
             if result is not h:  # computed elsewhere (no in-place out= kernel): copy it in
                 h.copy_(result)
-        rt.launch(loaded, rt.target.host_submit_ns, lambda: [op.location for op in ops])
+        rt.launch(loaded, rt.target.host_submit_ns, lambda: [s.location for s in steps])
         rt.count("fused_executions")
-        rt.count("fused_ops", sum(1 for op in ops if op.entry is not None))
+        rt.count("fused_ops", steps[-1].launches)
 
     def _fall_back(self, state: GraphState, error: BaseException) -> None:
         state.fallback = True
@@ -220,20 +254,16 @@ class Recorder:
 
     def _account(self, cut: Cut) -> None:
         """HBM for the outputs that outlive the graph; the others were internal."""
-        rt = self.rt
-        made = [
-            (storage, h)
-            for op in cut.ops
-            if op.entry is not None
-            for storage, h in zip(op.storages, op.hosts, strict=True)
-        ]
-        for (storage, host), seen in zip(made, cut.observable, strict=True):
+        memory, internal = self.rt.memory, 0
+        for storage, host, seen in zip(cut.storages, cut.hosts, cut.observable, strict=True):
             if seen:
-                rt.memory.adopt_storage(
-                    storage, rt.memory.allocate(host.untyped_storage().nbytes()), host
+                memory.adopt_storage(
+                    storage, memory.allocate(host.untyped_storage().nbytes()), host
                 )
             else:
-                rt.count("internal_outputs")
+                internal += 1
+        if internal:
+            self.rt.count("internal_outputs", internal)
 
 
 class _Snapshot:

@@ -15,8 +15,11 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 
+import torch
 from trnsim.client.core import runtime
-from trnsim.client.core.ops import Entry, OpSpec
+from trnsim.client.core.ops import NOT_RECORDED, Entry, OpSpec
+from trnsim.client.core.types import OpValue
+from trnsim.client.modes.prepared import Traced
 from trnsim.client.modes.recording import GraphState, Recorder
 from trnsim.client.modes.tape import Cut
 from trnsim.compiler.graph import to_proto
@@ -67,6 +70,17 @@ class Region(Recorder):
         super().__init__(rt, boundaries.Policy(size_cap=1 << 30, drain_min_ops=1 << 30))
         self.bound: Bound | None = None
         self.draws = False
+        self.traced: Traced | None = None  # what this region call does, kept to prepare it
+
+    def offer(
+        self, spec: OpSpec, entry: Entry, tensors: list[torch.Tensor], scalars: list[float]
+    ) -> OpValue:
+        result = super().offer(spec, entry, tensors, scalars)
+        traced = self.traced
+        if traced is not None:
+            traced.offered += 1
+            traced.not_recorded += result is NOT_RECORDED
+        return result
 
     def _verified(self, spec: OpSpec, entry: Entry) -> bool:
         # An op signature never run is recorded too (its metadata is the Meta kernels', as
@@ -88,6 +102,9 @@ class Region(Recorder):
     def flush(self, reason: str) -> None:
         if not self.tape.ops:
             return
+        traced = self.traced
+        # (what the buffer read, described: holding the tensors would keep them alive)
+        read = traced.read(self.tape.inputs, self.rt) if traced is not None else []
         cut = self.tape.take()
         bound = self.bound
         if bound is not None and (reason != "region_end" or bound.cut):
@@ -118,6 +135,10 @@ class Region(Recorder):
             self.rt.count("compiled_bucket_runs")
         self._run(state, cut)
         self._account(cut)
+        if traced is not None:  # (a cut before the end is only counted: holding its ops
+            # or host aliases would keep memory alive longer than an untraced run does)
+            kept = dataclasses.replace(cut, input_hosts=[]) if reason == "region_end" else None
+            traced.flushes.append((reason, kept, state, read))
 
     def _compile_now(self, state: GraphState, cut: Cut) -> None:
         """A region's graph, compiled now at the fused level (the step waits, as for a
@@ -137,20 +158,28 @@ class Region(Recorder):
 
 @contextlib.contextmanager
 def compiled_region(
-    rt: runtime.Runtime, bound: Bound | None = None, draws_in_order: bool = False
+    rt: runtime.Runtime,
+    bound: Bound | None = None,
+    draws_in_order: bool = False,
+    traced: Traced | None = None,
 ) -> Iterator[None]:
     """Ops inside the block are one compiled region: recorded by the region recorder
     whatever the eager mode, and run at the block's end. What the mode's own recorder holds
     runs first (stream order). `bound`: the region runs in a shape bucket's executable (or is
     traced to compile it). `draws_in_order`: nothing in the block draws from the CPU's
-    generator but the ops it records (which then draw in the order they were issued)."""
+    generator but the ops it records (which then draw in the order they were issued).
+    `traced`: filled with what the block did (client/modes/prepared.py)."""
     rt.flush("compiled_region")
     previous = rt.recorder
     region = rt.recorders.get("region")
     if not isinstance(region, Region):
         region = rt.recorders["region"] = Region(rt)
     rt.recorder = region
-    region.bound, region.draws = bound, draws_in_order
+    region.bound, region.draws, region.traced = bound, draws_in_order, traced
+    if traced is not None:
+        counts = rt.metrics.counts
+        traced.dispatched, traced.views = counts["ops_dispatched"], counts["view_ops"]
+        traced.allocations = counts["allocations"]
     try:
         yield
     except BaseException as e:
@@ -162,4 +191,4 @@ def compiled_region(
             region.flush("region_end")  # (after an error too: those ops were issued)
         finally:
             rt.recorder = previous
-            region.bound, region.draws = None, False
+            region.bound, region.draws, region.traced = None, False, None

@@ -379,14 +379,18 @@ def _broken_fused_exp(monkeypatch) -> None:
     """exp fails inside fused executables only (a fault of the fused path, injected)."""
     from trnsim.simulator import execute
 
-    real = execute._Step.run
+    real = execute._program
 
-    def broken(self, *args, **kwargs):
-        if self.name == "aten::exp.default":
-            raise RuntimeError("injected: the fused exp is broken")
-        return real(self, *args, **kwargs)
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected: the fused exp is broken")
 
-    monkeypatch.setattr(execute._Step, "run", broken)
+    def broken(exe):  # (only executables of several ops are run as a program)
+        for step in exe.steps:
+            if step.name == "aten::exp.default":
+                step.call_op = step.out_op = fail
+        return real(exe)
+
+    monkeypatch.setattr(execute, "_program", broken)
 
 
 def test_a_fused_graph_that_fails_falls_back_to_op_by_op(adaptive, monkeypatch, caplog):
@@ -504,3 +508,57 @@ def test_switching_to_eager_twice_keeps_the_adaptive_graphs() -> None:
         assert rt.recorder is recorder
     finally:
         torch.neuron.set_eager_mode("eager")
+
+
+def test_a_graph_seen_before_replays_its_trace(adaptive, monkeypatch):
+    """The same ops again follow the trace an earlier run recorded: each op is the buffer's
+    next step (no op recorded anew, no step added), each graph the same state as before. A
+    tensor swapped with `.data` (one the buffer made, or an input) is not the value the step
+    reads: those ops are recorded, and the results agree with eager mode."""
+    from trnsim.client.modes import tape
+
+    recorded = []
+    real = tape.Tape.record
+    monkeypatch.setattr(
+        tape.Tape, "record", lambda self, *a: recorded.append(a[0].name) or real(self, *a)
+    )
+
+    def steps(tree: tape.Step) -> int:
+        return 1 + sum(steps(s) for same in tree.children.values() for s in same)
+
+    w = torch.arange(16.0, device="neuron").reshape(4, 4) / 16
+
+    def program(swap: bool = False) -> float:
+        x = torch.ones(4, 4, device="neuron")
+        y = (x @ w).relu()
+        other = y + 1
+        if swap:  # (y now points at other's memory: same sizes, another value)
+            y.data = other
+        z = (y * 2).t().reshape(16)
+        return (z + w.reshape(16)).sum().item()
+
+    first = program()  # (ops never run before run on their own first: FIRST_SIGHT)
+    assert program() == first
+    recorder = adaptive.recorder
+    trace, graphs = steps(recorder.tape.root), len(recorder.graphs)
+    seen = {id(s): s.history.seen for s in recorder.graphs.values()}
+    recorded.clear()
+    assert program() == first
+    assert recorded == [] and steps(recorder.tape.root) == trace
+    assert len(recorder.graphs) == graphs
+    assert all(s.history.seen == seen[id(s)] + 1 for s in recorder.graphs.values())
+    results = [program(swap=True)]
+    assert "aten::mul.Tensor" in recorded
+    recorded.clear()
+    w.data = w.t().contiguous()  # (an input, now other memory: its reads are recorded)
+    results.append(program())
+    assert "aten::mm.default" in recorded
+    torch.neuron.set_eager_mode("eager")
+    try:
+        w.data = w.t().contiguous()
+        expected = [program(swap=True)]
+        w.data = w.t().contiguous()
+        expected.append(program())
+    finally:
+        torch.neuron.set_eager_mode("adaptive")
+    assert results == expected

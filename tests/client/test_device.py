@@ -169,6 +169,27 @@ def test_memory_accounting_and_out_of_memory():
     torch.neuron.empty_cache()
 
 
+def test_storages_over_the_same_memory_each_give_their_block_back():
+    """The runtime finds a storage's record by its data_ptr (client/core/device_memory.py):
+    two device storages over the same host memory still each free their HBM when they die."""
+    from trnsim.client.core import runtime
+    from trnsim.client.core.memory import to_device
+
+    memory = runtime.get().memory
+    torch.neuron.synchronize()
+    base = torch.neuron.memory_allocated()
+    host = torch.arange(6.0)
+    first = memory.adopt(to_device(host), memory.allocate(24), host)
+    second = memory.adopt(to_device(host), memory.allocate(24), host)
+    assert first.data_ptr() == second.data_ptr()
+    assert torch.neuron.memory_allocated() - base == 1024  # (two blocks of 512 bytes)
+    assert torch.equal((first + second).cpu(), host * 2)
+    del first
+    assert torch.neuron.memory_allocated() - base == 512
+    del second
+    assert torch.neuron.memory_allocated() == base
+
+
 def test_an_input_read_twice_counts_once_in_the_per_op_hbm_check() -> None:
     """a * a needs the memory of a and of its result, as a + 1 does: one input, read twice."""
     from trnsim.client.core import runtime

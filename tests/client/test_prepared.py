@@ -1,0 +1,109 @@
+"""Compiled mode's prepared regions (client/modes/prepared.py): a region traced once as one
+fused graph replays its later calls without tracing, with the values, simulated time,
+launches and memory of a traced call; a call it was not prepared for is traced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from trnsim.client.modes import compiled
+
+from tests.client.differential import fresh_core
+
+TRIES = compiled.PREPARE_TRIES
+STEP_METRICS = ("wall_ns", "device_busy_ns", "host_busy_ns", "launches", "hbm_bytes", "allocations")
+
+
+class _Sliced(nn.Module):
+    """A backward that scatters into zeros it allocates (slice_backward), and a view returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, 16)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.proj(self.embed(ids))
+        return torch.nn.functional.gelu(h[:, 1:]).sum(-1)
+
+
+def _train(tries: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], dict[str, int]]:
+    monkeypatch.setattr(compiled, "PREPARE_TRIES", tries)
+    torch._dynamo.reset()
+    with fresh_core():
+        torch.manual_seed(0)
+        model = _Sliced().to("neuron")
+        forward = torch.compile(model, backend="neuron")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ids = torch.randint(0, 20, (3, 5)).to("neuron")
+        steps: list[Any] = []
+        for _ in range(4):
+            before = torch.neuron.metrics()
+            loss = forward(ids).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            value = loss.item()
+            after = torch.neuron.metrics()
+            deltas = [after[k] - before[k] for k in STEP_METRICS]
+            memory = [torch.neuron.memory_allocated(), torch.neuron.max_memory_allocated()]
+            steps.append([value, *deltas, *memory])
+        steps.append([p.detach().cpu() for p in model.parameters()])
+        return steps, dict(torch.neuron.metrics())
+
+
+def test_a_replayed_region_is_its_trace_in_values_time_and_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    traced, traced_counts = _train(0, monkeypatch)
+    replayed, counts = _train(TRIES, monkeypatch)
+    assert traced_counts["compiled_replays"] == 0
+    assert counts["compiled_replays"] == counts["compiled_calls"] - 2  # (each graph traced once)
+    for a, b in zip(traced[:-1], replayed[:-1], strict=True):
+        assert a == b  # loss, simulated times, launches, HBM bytes, allocations, memory
+    for a, b in zip(traced[-1], replayed[-1], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_call_it_was_not_prepared_for_is_traced() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.ops.aten.relu.default(torch.ops.aten.mm.default(x, w))
+        return y, torch.ops.aten.t.default(y)  # (a view of an output)
+
+    gm = make_fx(f)(torch.randn(4, 8), torch.randn(8, 3))
+    run = compiled._region("forward", gm, None, True)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 3, generator=g)
+    xs = [
+        torch.randn(4, 8, generator=g),
+        torch.randn(4, 8, generator=g),
+        torch.randn(8, 4, generator=g).t(),  # another layout: not the prepared call
+        torch.randn(4, 8, generator=g),
+    ]
+    with fresh_core():
+        replays = []
+        for x in xs:
+            before = torch.neuron.metrics()["compiled_replays"]
+            y, yt = run([x.to("neuron"), w.to("neuron")])
+            replays.append(torch.neuron.metrics()["compiled_replays"] - before)
+            expected = torch.relu(x @ w)
+            assert torch.equal(y.cpu(), expected)
+            assert torch.equal(yt.cpu(), expected.t()) and yt.stride() == (1, 3)
+        assert replays == [0, 1, 0, 1]  # (the third is traced, and prepared for that layout too)
+
+
+def test_explain_names_a_region_traced_on_every_call() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.nonzero(x > 0).sum() + x  # (a data-dependent size: a cut in the region)
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        model = torch.compile(f, backend="neuron")
+        x = torch.randn(6).to("neuron")
+        for _ in range(compiled.PREPARE_TRIES + 1):
+            assert torch.equal(model(x).cpu(), f(x.cpu()))
+    rows = [r["unprepared"] for r in compiled.explain() if "unprepared" in r]
+    assert any("test_prepared.py" in r and "traced every call (2 graphs)" in r for r in rows)
