@@ -16,6 +16,7 @@ collectives, NEURON_RECORD_SHAPES) keeps the traced path, which is always correc
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -389,18 +390,54 @@ def prepare(
     return Prepared(state, cut, guards, aliases, inputs, returned, rt.numerics, made_scratch, frees)
 
 
-def _aliases(flat: list[OpValue]) -> tuple[tuple[int, ...], dict[int, int]]:
+def _aliases(flat: list[OpValue]) -> tuple[tuple[int, ...], dict[int, list[int]]]:
     """Per argument, the first neuron argument on the same storage (itself if none), and
-    each neuron argument's storage with the first argument on it."""
-    by_storage: dict[int, int] = {}
+    each neuron argument's storage with the arguments on it, in order."""
+    by_storage: dict[int, list[int]] = {}
     aliases = []
     for i, value in enumerate(flat):
         if isinstance(value, Tensor) and not value.is_cpu:
             ptr = value.untyped_storage().data_ptr()
-            aliases.append(by_storage.setdefault(ptr, i) if ptr else i)
-        else:
-            aliases.append(i)
+            if ptr:
+                on = by_storage.setdefault(ptr, [])
+                on.append(i)
+                aliases.append(on[0])
+                continue
+        aliases.append(i)
     return tuple(aliases), by_storage
+
+
+def _extent(shape: Sequence[int], stride: Sequence[int], offset: int) -> tuple[int, int]:
+    """The first and last element of its storage a tensor of that geometry covers (last <
+    first: it has no elements)."""
+    low = high = offset
+    for n, step in zip(shape, stride, strict=True):
+        if n == 0:
+            return offset, offset - 1
+        if step > 0:
+            high += (n - 1) * step
+        else:
+            low += (n - 1) * step
+    return low, high
+
+
+def _holder(
+    flat: list[OpValue], on_storage: list[int], shape: Sequence[int], stride: Sequence[int],
+    offset: int,
+) -> int | None:  # fmt: skip
+    """The first of the arguments on a storage whose memory spans all a tensor of that
+    geometry covers there, or None. Only memory within an argument is found again at a later
+    call: its guard fixes that argument's geometry, not what else its storage holds."""
+    low, high = _extent(shape, stride, offset)
+    for i in on_storage:
+        t = flat[i]
+        assert isinstance(t, Tensor)
+        if high < low:
+            return i
+        first, last = _extent(t.shape, t.stride(), int(t.storage_offset()))
+        if first <= low and high <= last:
+            return i
+    return None
 
 
 @dataclass
@@ -435,7 +472,10 @@ class _Scratch:
 
 
 def _inputs(
-    flat: list[OpValue], read: list[Read], by_storage: dict[int, int], constants: dict[int, Tensor]
+    flat: list[OpValue],
+    read: list[Read],
+    by_storage: dict[int, list[int]],
+    constants: dict[int, Tensor],
 ) -> tuple[list[_Source], _Scratch] | str:
     """Where each tensor the buffer read comes from: an argument (or memory within one), a
     constant of the graph, or memory allocated while tracing (its storage, for now)."""
@@ -455,8 +495,11 @@ def _inputs(
         if constant is not None:
             inputs.append(_Source(-1, 0, None, constant=constant))
             continue
-        if i is None:
-            i = by_storage.get(r.storage)
+        on_storage = by_storage.get(r.storage) if i is None else None
+        if on_storage:
+            i = _holder(flat, on_storage, r.shape, r.stride, r.offset)
+            if i is None:
+                return "reads memory of an argument's storage outside the argument"
         if i is not None:
             like = flat[i]
             assert isinstance(like, Tensor)
@@ -502,7 +545,7 @@ def _read_geometry(
 def _returned(
     result: tuple[OpValue, ...] | list[OpValue],
     flat: list[OpValue],
-    by_storage: dict[int, int],
+    by_storage: dict[int, list[int]],
     seen: list[Tensor],
     allocated: dict[int, tuple[int, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]],
 ) -> _Returned | str:
@@ -527,7 +570,12 @@ def _returned(
             return "returns a CPU tensor" if value.is_cpu else "returns a lazily conjugated view"
         ptr = value.untyped_storage().data_ptr()
         j = fresh.get(ptr)
-        i = identity.get(id(value), by_storage.get(ptr)) if j is None else None
+        i = identity.get(id(value)) if j is None else None
+        on_storage = by_storage.get(ptr) if j is None and i is None else None
+        if on_storage:
+            i = _holder(flat, on_storage, value.shape, value.stride(), int(value.storage_offset()))
+            if i is None:
+                return "returns memory of an argument's storage outside the argument"
         if j is None and i is None and ptr in allocated:
             n, (shape, stride, dtype) = allocated[ptr]
             if value.dtype != dtype:

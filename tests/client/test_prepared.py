@@ -96,6 +96,31 @@ def test_a_call_it_was_not_prepared_for_is_traced() -> None:
         assert replays == [0, 1, 0, 1]  # (the third is traced, and prepared for that layout too)
 
 
+def test_a_view_made_in_the_region_of_an_argument_sharing_a_storage_replays() -> None:
+    """Two arguments on one storage (a packed weight's parts, as nn.MultiheadAttention's
+    backward gets them): a view the graph makes of the second is found again within the
+    second, not past the end of the first (whose memory alone a replay can see)."""
+
+    def f(x: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = torch.ops.aten.t.default
+        return torch.ops.aten.mm.default(x, q), torch.ops.aten.mm.default(t(kv), t(x))
+
+    w = torch.randn(96, 8)
+    gm = make_fx(f)(torch.randn(4, 8), w[:32].t(), w[32:].t())
+    run = compiled._region("backward", gm, None, True)
+    g = torch.Generator().manual_seed(0)
+    with fresh_core():
+        replays = []
+        for _ in range(3):
+            x, w = torch.randn(4, 8, generator=g), torch.randn(96, 8, generator=g)
+            d = w.to("neuron")
+            before = torch.neuron.metrics()["compiled_replays"]
+            a, b = run([x.to("neuron"), d[:32].t(), d[32:].t()])
+            replays.append(torch.neuron.metrics()["compiled_replays"] - before)
+            assert torch.equal(a.cpu(), x @ w[:32].t()) and torch.equal(b.cpu(), w[32:] @ x.t())
+        assert replays == [0, 1, 1]
+
+
 def test_explain_names_a_region_traced_on_every_call() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.nonzero(x > 0).sum() + x  # (a data-dependent size: a cut in the region)
