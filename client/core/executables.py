@@ -148,6 +148,26 @@ class Executables:
         self.metrics.count("executables_fetched")
         return self._keep(job.key, compiled)
 
+    def prefetch(self, wanted: list[tuple[Graph, graph_pb2.GraphDebug, bool]]) -> int:
+        """Loads the executables a shared cache holds of several graphs (graph, debug, fused)
+        known at once, read in one go: then `get` finds them in process. For a caller that
+        knows them before it runs them (a cut about to run op by op: its ops' deferred
+        executables); what is not cached is compiled when `get` asks for it. Returns how many
+        it loaded."""
+        jobs: dict[str, CompileJob] = {}
+        for graph, debug, fused in wanted:
+            job = self._job(graph, debug, fused)
+            if job.key not in self.loaded:
+                jobs[job.key] = job
+        if not jobs or not self.shared:
+            return 0
+        found = self.compiler.read(list(jobs))
+        for key, compiled in found.items():
+            self._log_graph(jobs[key])
+            self.metrics.count("executables_fetched")
+            self._keep(key, compiled)
+        return len(found)
+
     def submit(self, graph: Graph, debug: graph_pb2.GraphDebug) -> Asked:
         """A compile at background priority and -O2 (adaptive mode's fused graphs): nothing
         waits for it; the future holds its answer, or the compile's error. A graph asked for

@@ -186,6 +186,8 @@ class Entry:
     # which recording hands out before anything runs); a mismatch makes it unfusible.
     verified: bool = False
     compile_later: Callable[[], execute.LoadedExecutable] | None = None
+    # The graph compile_later compiles (Executables.prefetch reads a cut's at once).
+    deferred: tuple[Graph, graph_pb2.GraphDebug] | None = None
     # Fusible but for drawing from the CPU's generator when it runs (dropout): a compiled
     # region whose draws all run in its own order records it (client/modes/compiled.py).
     cpu_draw: bool = False
@@ -214,6 +216,7 @@ class Entry:
         if self.loaded is None:
             assert self.compile_later is not None
             self.loaded, self.compile_later = self.compile_later(), None
+            self.deferred = None
         return self.loaded
 
     def __post_init__(self) -> None:

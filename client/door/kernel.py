@@ -173,6 +173,7 @@ def _entry(
         made.fresh,
         made.recordable,
         compile_later=(lambda: rt.executables.get(graph, debug)) if lazy else None,
+        deferred=(graph, debug) if lazy else None,
         cpu_draw=made.cpu_draw,
         takes=made.takes,
         metas=[(t.shape, t.stride(), t.dtype, t.is_cpu) for t in tensors],

@@ -156,6 +156,11 @@ class Recorder:
         values a fused run computes, one launch per op."""
         rt, ops, input_hosts = self.rt, cut.ops, cut.input_hosts
         rt.count("op_by_op_graphs")
+        if rt.executables.shared:  # (the executables it lacks, read from the cache at once)
+            deferred = [op.entry.deferred for op in ops if op.entry is not None]
+            wanted = [(graph, debug, False) for graph, debug in filter(None, deferred)]
+            if len(wanted) > 1:
+                rt.executables.prefetch(wanted)
         env: dict[Value, Tensor] = {}
         seen = iter(cut.observable)
         for i, op in enumerate(ops):

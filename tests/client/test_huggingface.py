@@ -77,6 +77,7 @@ def test_accelerate_launch_runs_two_processes_over_the_neuron_group(tmp_path):
     script.write_text(
         textwrap.dedent(
             """
+            import os
             import torch
             from accelerate import Accelerator
             acc = Accelerator()
@@ -97,8 +98,11 @@ def test_accelerate_launch_runs_two_processes_over_the_neuron_group(tmp_path):
                 ref_opt.zero_grad(); ref.backward(); ref_opt.step()
             worst = max((a.detach().cpu() - b.detach()).abs().max().item()
                         for a, b in zip(acc.unwrap_model(model).parameters(), reference.parameters()))
-            print(f"rank {acc.process_index} {acc.device} {acc.distributed_type} "
-                  f"{torch.distributed.get_backend()} {worst:.1e}")
+            line = (f"rank {acc.process_index} {acc.device} {acc.distributed_type} "
+                    f"{torch.distributed.get_backend()} {worst:.1e}")
+            # (a file per rank: two processes printing at once may share a line of stdout)
+            with open(os.path.join(os.environ["RANKS_OUT"], f"rank-{acc.process_index}"), "w") as f:
+                f.write(line)
             """
         )
     )
@@ -121,9 +125,9 @@ def test_accelerate_launch_runs_two_processes_over_the_neuron_group(tmp_path):
         text=True,
         timeout=600,
         check=False,
-        env={**os.environ, "HF_HOME": str(tmp_path)},
+        env={**os.environ, "HF_HOME": str(tmp_path), "RANKS_OUT": str(tmp_path)},
     )
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    lines = [p.read_text() for p in sorted(tmp_path.glob("rank-*"))]
     assert len(lines) == 2, out.stdout + out.stderr
     for rank, line in enumerate(lines):
         _, r, device, kind, backend, worst = line.split()
