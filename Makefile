@@ -5,9 +5,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := package protos simulator compiler policy daemon client client/api client/door client/modes client/core client/distributed cli
 
-.PHONY: setup test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant clean
+.PHONY: setup redis-server test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant clean
 
-setup: $(STAMP)
+setup: $(STAMP) redis-server
+
+# The cluster tier's tests start their own Redis server: Debian's, installed when missing
+# (as root, as here; anyone else is told the command).
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get install -y -q redis-server >/dev/null 2>&1 || \
+	     { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }) && \
+	    echo "installed redis-server (Debian's) for the cluster tier's tests"; \
+	  else echo "redis-server is missing: sudo apt-get install redis-server" >&2; exit 1; fi; }
 
 # Strict editable mode makes mypy resolve the mapped trnsim.* packages (setuptools' strict editable install);
 # it links files at install time, so the install re-runs when a package folder gains or

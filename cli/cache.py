@@ -8,9 +8,12 @@ import sqlite3
 import sys
 
 import diskcache
+import grpc
 from trnsim import compiler
+from trnsim.cli.stats import remote_rows, stats_of
 from trnsim.daemon.cache import DiskTierOff, ExecutableCache
 from trnsim.daemon.options import config_from
+from trnsim.daemon.remote import StoreError, open_store
 
 
 def _cache(args: argparse.Namespace) -> ExecutableCache:
@@ -25,6 +28,8 @@ def _cache(args: argparse.Namespace) -> ExecutableCache:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    if args.cache_command == "remote":
+        return _remote(args)
     directory = config_from(args).cache_dir / "executables"
     if not (directory / "cache.db").is_file():
         # Opening a cache creates it: these commands look at one and change nothing else.
@@ -63,4 +68,37 @@ def _run(command: str, cache: ExecutableCache) -> int:
         print(f"pruned {cache.prune()} entries (expired, or from other compiler versions)")
     elif command == "clear":
         print(f"cleared {cache.clear()} entries")
+    return 0
+
+
+def _remote(args: argparse.Namespace) -> int:
+    """`trnsim cache remote`: the store as it says it is, then the daemon's counters of it."""
+    config = config_from(args)
+    if not config.remote:
+        print(
+            "no remote tier: set NEURON_CACHE_REMOTE=redis://HOST:PORT/DB (and "
+            "NEURON_CACHE_REMOTE_KEY_FILE) for the daemon, or pass --remote URL "
+            "(docs/operations.md: The cluster tier)",
+            file=sys.stderr,
+        )
+        return 2
+    store = open_store(config.remote, config.remote_deadline_s)
+    try:
+        st = store.stat()
+    except StoreError as e:
+        print(f"error: the remote store {store.name} does not answer: {e}", file=sys.stderr)
+        return 3
+    finally:
+        store.close()
+    limit = f"of {st.max_bytes} bytes" if st.max_bytes > 0 else "(no maxmemory: unbounded)"
+    print(
+        f"{store.name}: {st.entries} keys, {st.used_bytes} bytes used {limit}, policy {st.policy}"
+    )
+    try:
+        stats = stats_of(config.address)
+    except grpc.RpcError:
+        print(f"(no daemon answers on {config.address}: no counters)")
+        return 0
+    for k, v in remote_rows(stats.remote):
+        print(f"{k:<42}  {v}")
     return 0

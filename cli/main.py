@@ -57,13 +57,21 @@ def _add_daemon(sub: Subparsers) -> None:
 
 
 def _add_cache(sub: Subparsers) -> None:
-    cache_parser = sub.add_parser("cache", help="the on-disk executable cache")
+    cache_parser = sub.add_parser(
+        "cache", help="the on-disk executable cache, and the cluster's remote tier"
+    )
     cache_parser.add_argument("--cache-dir", help=f"default {default_cache_dir()}")
     cache_parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="for `remote`: the cluster tier's store (default: NEURON_CACHE_REMOTE)",
+    )
+    cache_parser.add_argument(
         "cache_command",
-        choices=["ls", "verify", "prune", "clear"],
+        choices=["ls", "verify", "prune", "clear", "remote"],
         help="ls: every entry; verify: check digests, delete corrupt entries; prune: expired "
-        "entries and other compiler versions; clear: everything",
+        "entries and other compiler versions; clear: everything; remote: the cluster tier's "
+        "store (entries, memory, eviction policy) and, from the daemon, its counters",
     )
 
 

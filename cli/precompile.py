@@ -110,7 +110,7 @@ def run(requests: dict[str, svc.CompileRequest], address: str, jobs: int) -> Sum
                 if result.WhichOneof("outcome") == "error":
                     summary.failed += 1
                     summary.errors.append(f"{names.get(result.id)}: {result.error.message}")
-                elif result.tier in (svc.MEMORY, svc.DISK):
+                elif result.tier in (svc.MEMORY, svc.DISK, svc.REMOTE):
                     summary.cached += 1
                 else:
                     summary.compiled += 1

@@ -12,7 +12,7 @@ from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import compile_service_pb2_grpc as svc_grpc
 
 
-def _stats(address: str) -> svc.StatsResponse:
+def stats_of(address: str) -> svc.StatsResponse:
     with grpc.insecure_channel(address) as channel:
         return svc_grpc.CompileServiceStub(channel).Stats(svc.StatsRequest(), timeout=5)  # type: ignore[no-any-return]
 
@@ -20,7 +20,7 @@ def _stats(address: str) -> svc.StatsResponse:
 def cmd_stats(args: argparse.Namespace) -> int:
     config = config_from(args)
     try:
-        stats = _stats(config.address)
+        stats = stats_of(config.address)
     except grpc.RpcError:
         print(f"no daemon answers on {config.address}", file=sys.stderr)
         return 3
@@ -32,13 +32,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def format_stats(s: svc.StatsResponse) -> str:
-    hits = s.memory.hits + s.disk.hits
+    hits = s.memory.hits + s.disk.hits + s.remote.hits
     asked = s.requests + s.lookups
     rows = [
         ("requests (stream / lookup)", f"{s.requests} / {s.lookups}"),
         (
-            "hits: memory / disk",
-            f"{s.memory.hits} / {s.disk.hits} ({100 * hits / max(1, asked):.1f} % of requests)",
+            "hits: memory / disk / remote",
+            (
+                f"{s.memory.hits} / {s.disk.hits} / {s.remote.hits} "
+                f"({100 * hits / max(1, asked):.1f} % of requests)"
+            ),
         ),
         ("hits clients read from disk themselves", str(s.direct_hits)),
         ("compiles", f"{s.compiles} (joined in flight: {s.joins})"),
@@ -67,6 +70,34 @@ def format_stats(s: svc.StatsResponse) -> str:
         ("connected clients, uptime", f"{s.connected_clients}, {s.uptime_seconds:.0f} s"),
         ("dropped jobs (nobody waiting)", str(s.dropped_jobs)),
         ("disk tier errors (answered as misses)", str(s.disk_errors)),
+        *remote_rows(s.remote),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def remote_rows(r: svc.RemoteStats) -> list[tuple[str, str]]:
+    """The cluster tier's rows (docs/operations.md: The cluster tier)."""
+    if not r.store:
+        return [("remote tier", "none (NEURON_CACHE_REMOTE, or the daemon's --remote)")]
+    rows = [
+        ("remote tier", r.store + (f"  OFF: {r.off} (asked again every 5 s)" if r.off else "")),
+        (
+            "remote: hits / misses / skipped while off",
+            f"{r.hits} / {r.misses} / {r.skipped}",
+        ),
+        (
+            "remote: puts / errors / dropped",
+            f"{r.puts} / {r.put_errors} / {r.puts_dropped}",
+        ),
+        (
+            "remote: signature failures / refused",
+            f"{r.signature_failures} (never served) / {r.refused}",
+        ),
+        (
+            "remote: latency p50, p99; failed calls",
+            f"{r.latency_p50_ms:.2f} ms, {r.latency_p99_ms:.2f} ms; {r.errors}",
+        ),
+    ]
+    rows += [("remote: recent error", e) for e in r.recent_errors[-5:]]
+    return rows

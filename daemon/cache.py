@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import diskcache
 from google.protobuf.message import DecodeError
 from trnsim.daemon.config import ensure_private_dir
+from trnsim.daemon.remote import RemoteTier
 from trnsim.protos import compile_service_pb2 as svc
 from trnsim.protos import disk_tier
 from trnsim.protos.blobs import blob_ok
@@ -229,6 +230,7 @@ class ExecutableCache:
         self._lock = threading.Lock()  # the memory tier and the error table
         self._disk_lock = threading.RLock()  # the disk tier: one operation at a time
         self.disk: DiskTier | None = None
+        self.remote: RemoteTier | None = None  # the cluster tier (daemon/remote.py), if any
         self.disk_off = ""  # why the disk tier is off ("" while it is on)
         self._db_id: tuple[int, int] | None = None
         self._clamped_at = time.monotonic()
@@ -426,6 +428,8 @@ class ExecutableCache:
             return key in self.memory
 
     def get(self, key: str) -> tuple[svc.ExecutableBlob, svc.CacheTier] | None:
+        """memory -> disk -> the remote tier, if there is one (a hit there fills disk and
+        memory; one here is offered to the remote tier, once, for the other hosts)."""
         with self._lock:
             cached = self.memory.get(key)
         if cached is not None:
@@ -433,22 +437,39 @@ class ExecutableCache:
             return cached, svc.MEMORY
         raw = self._disk_get(self.EXE + key)
         if raw is None:
-            return None
+            return self._remote_get(key)
         try:
             blob = svc.ExecutableBlob.FromString(raw)
         except Exception:  # noqa: BLE001  (a truncated or garbled entry)
             blob = svc.ExecutableBlob()
         if not blob_ok(blob, key):
             self._drop(key)
-            return None
+            return self._remote_get(key)
         self.disk_counters.hits += 1
         with self._lock:
             self.memory.put(key, blob, len(raw))
+        if self.remote is not None:
+            self.remote.put_later(key, blob, only_if_absent=True)
         return blob, svc.DISK
+
+    def _remote_get(self, key: str) -> tuple[svc.ExecutableBlob, svc.CacheTier] | None:
+        if self.remote is None:
+            return None
+        blob = self.remote.get(key)  # (checked: signature, version, digest)
+        if blob is None:
+            return None
+        self._put_local(key, blob)
+        return blob, svc.REMOTE
 
     def put(self, key: str, blob: svc.ExecutableBlob) -> None:
         """Stores a blob whose digest the caller has checked (a worker just made it). A disk
-        that refuses it (read-only, full, gone, off) leaves it in memory only."""
+        that refuses it (read-only, full, gone, off) leaves it in memory only. The remote
+        tier, if any, is written in the background."""
+        self._put_local(key, blob)
+        if self.remote is not None:
+            self.remote.put_later(key, blob)
+
+    def _put_local(self, key: str, blob: svc.ExecutableBlob) -> None:
         raw = blob.SerializeToString()
         with self._lock:
             self.memory.put(key, blob, len(raw))
@@ -657,6 +678,9 @@ class ExecutableCache:
 
     def close(self) -> None:
         self._closed.set()
+        if self.remote is not None:
+            self.remote.flush(timeout_s=2.0)  # (what the workers made reaches the cluster)
+            self.remote.close()
         with self._disk_lock:
             if self.disk is not None:
                 self.disk.close()

@@ -1,7 +1,7 @@
 """Where the daemon listens and keeps its cache, and its limits; the environment variables
 the daemon reads are read here: NEURON_CACHE_DIR, XDG_RUNTIME_DIR, XDG_CACHE_HOME,
-NEURON_SIM_COMPILE_SCALE, TRNSIM_ALLOW_TCP, and systemd's CACHE_DIRECTORY and
-NOTIFY_SOCKET."""
+NEURON_SIM_NODE, NEURON_SIM_COMPILE_SCALE, NEURON_CACHE_REMOTE (with _KEY_FILE and
+_DEADLINE), TRNSIM_ALLOW_TCP, and systemd's CACHE_DIRECTORY and NOTIFY_SOCKET."""
 
 from __future__ import annotations
 
@@ -33,10 +33,43 @@ def user_runtime_dir() -> Path:
 
 
 def default_address(node: str | None = None) -> str:
-    """This user's daemon socket; a simulated host (node) other than the machine itself
-    has its own daemon: compiler-<node>.sock."""
+    """This user's daemon socket; a simulated host (node, else NEURON_SIM_NODE) other than
+    the machine itself has its own daemon: compiler-<node>.sock. (The client names torchrun's
+    node itself: client/core/env.py sim_node.)"""
+    node = node or env_node()
     name = f"compiler-{node}.sock" if node else "compiler.sock"
     return f"unix:{user_runtime_dir() / name}"
+
+
+def env_node() -> str | None:
+    """NEURON_SIM_NODE: the simulated host whose daemon this is (None: the machine's)."""
+    node = os.environ.get("NEURON_SIM_NODE", "").strip()
+    if node and not all(c.isalnum() or c in "-_." for c in node):
+        raise ConfigError(f"NEURON_SIM_NODE={node!r}: use letters, digits, '-', '_', '.'")
+    return node or None
+
+
+def remote_url() -> str:
+    """NEURON_CACHE_REMOTE: the cluster tier's store ("": none)."""
+    return os.environ.get("NEURON_CACHE_REMOTE", "").strip()
+
+
+def remote_key_file() -> Path | None:
+    """NEURON_CACHE_REMOTE_KEY_FILE: the cluster key that signs the remote tier's entries."""
+    value = os.environ.get("NEURON_CACHE_REMOTE_KEY_FILE", "").strip()
+    return Path(value) if value else None
+
+
+def remote_deadline_s() -> float:
+    """NEURON_CACHE_REMOTE_DEADLINE: seconds one call to the remote store may take (0.5)."""
+    value = os.environ.get("NEURON_CACHE_REMOTE_DEADLINE", "").strip() or "0.5"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 60:
+        raise ConfigError(f"NEURON_CACHE_REMOTE_DEADLINE={value!r}: seconds, above 0, up to 60")
+    return seconds
 
 
 def default_cache_dir() -> Path:
@@ -129,3 +162,9 @@ class DaemonConfig:
     max_nodes: int = 100_000
     max_streams: int = 1024
     drain_timeout_s: float = 30.0
+    # The cluster tier (daemon/remote.py): its store ("": none), the key that signs its
+    # entries, the deadline of one call, and the largest entry written or read.
+    remote: str = field(default_factory=remote_url)
+    remote_key_file: Path | None = field(default_factory=remote_key_file)
+    remote_deadline_s: float = field(default_factory=remote_deadline_s)
+    remote_max_entry_bytes: int = 64 * 1024 * 1024

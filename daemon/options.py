@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trnsim.daemon.config import (
     SYSTEM_SOCKET,
+    ConfigError,
     DaemonConfig,
     default_cache_dir,
     system_cache_dir,
@@ -34,6 +35,25 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
         type=float,
         help="on SIGTERM, seconds running compiles may take to finish before their clients "
         "are told to compile in process and the workers are stopped (default 30)",
+    )
+    p.add_argument(
+        "--remote",
+        metavar="URL",
+        help="the cluster cache tier shared by every host's daemon: redis://HOST:PORT/DB or "
+        "unix:///path/redis.sock?db=0 (default: NEURON_CACHE_REMOTE; docs/operations.md)",
+    )
+    p.add_argument(
+        "--remote-key-file",
+        metavar="FILE",
+        help="the cluster key signing the remote tier's entries, readable by this user only "
+        "(default: NEURON_CACHE_REMOTE_KEY_FILE)",
+    )
+    p.add_argument(
+        "--remote-deadline",
+        type=float,
+        metavar="S",
+        help="seconds one call to the remote store may take before the tier is turned off and "
+        "retried in the background (default: NEURON_CACHE_REMOTE_DEADLINE, else 0.5)",
     )
     p.add_argument(
         "--system",
@@ -68,4 +88,12 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         config.compile_timeout_s = args.compile_timeout
     if getattr(args, "drain_timeout", None) is not None:
         config.drain_timeout_s = args.drain_timeout
+    if getattr(args, "remote", None) is not None:
+        config.remote = args.remote
+    if getattr(args, "remote_key_file", None):
+        config.remote_key_file = Path(args.remote_key_file)
+    if getattr(args, "remote_deadline", None) is not None:
+        if not 0 < args.remote_deadline <= 60:
+            raise ConfigError(f"--remote-deadline {args.remote_deadline}: above 0, up to 60")
+        config.remote_deadline_s = args.remote_deadline
     return config

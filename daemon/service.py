@@ -19,8 +19,9 @@ from trnsim import compiler
 from trnsim.compiler.graph import GraphError, from_proto
 from trnsim.daemon import wire
 from trnsim.daemon.cache import ExecutableCache
-from trnsim.daemon.config import DaemonConfig
+from trnsim.daemon.config import ConfigError, DaemonConfig
 from trnsim.daemon.inflight import Deliver, InFlight, Job, Submitted, Waiter
+from trnsim.daemon.remote import RemoteTier, open_store, read_cluster_key
 from trnsim.daemon.wire import Undecodable
 from trnsim.daemon.workers import STOPPING, Done, WorkerPool, reap_orphans
 from trnsim.protos import compile_service_pb2 as svc
@@ -496,7 +497,12 @@ class CompileService(svc_grpc.CompileServiceServicer):
         response = svc.LookupResponse()
         for key in request.cache_keys:
             if request.presence_only:
-                response.entries.add(cache_key=key, found=self.cache.has(key))
+                found = self.cache.has(key)
+                response.entries.add(cache_key=key, found=found)
+                if found and self.cache.remote is not None:  # (trnsim precompile: warm the cluster)
+                    hit = self.cache.get(key)
+                    if hit is not None:
+                        self.cache.remote.put_later(key, hit[0], only_if_absent=True)
                 continue
             hit = self.cache.get(key)
             entry = response.entries.add(cache_key=key, found=hit is not None)
@@ -580,6 +586,8 @@ class CompileService(svc_grpc.CompileServiceServicer):
                 workers_alive=self.pool.alive(),
                 disk_tier_off=self.cache.disk_off,
             )
+        if self.cache.remote is not None:
+            response.remote.CopyFrom(self.cache.remote.to_proto())
         return response
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -627,6 +635,7 @@ class CompileService(svc_grpc.CompileServiceServicer):
 def build_service(config: DaemonConfig) -> CompileService:
     """The daemon's own parts: the cache in config.cache_dir, worker processes."""
     version = compiler.compiler_version()
+    remote = remote_tier(config, version) if config.remote else None  # (refused: no start)
     orphans = reap_orphans()
     if orphans:
         log.warning(
@@ -640,11 +649,28 @@ def build_service(config: DaemonConfig) -> CompileService:
         config.disk_cache_bytes,
         tag=version,
     )
+    cache.remote = remote
 
     def start_pool(inflight: InFlight, done: Done) -> Pool:
         return WorkerPool(config.workers, inflight, done, config.compile_timeout_s)
 
     return CompileService(config, cache, InFlight(), start_pool)
+
+
+def remote_tier(config: DaemonConfig, version: str) -> RemoteTier:
+    """The cluster tier config names; ConfigError (the daemon does not start) for a store
+    URL it cannot use or a missing or open cluster key. A store that does not answer is no
+    error: its first call fails within the deadline, and the tier is off until it answers."""
+    if config.remote_key_file is None:
+        raise ConfigError(
+            f"the remote cache {config.remote} needs a cluster key to sign its entries: the same "
+            f"file on every host, readable by the daemon's user only (`umask 077; head -c 32 "
+            f"/dev/urandom > FILE`), named by NEURON_CACHE_REMOTE_KEY_FILE or --remote-key-file"
+        )
+    secret = read_cluster_key(config.remote_key_file)
+    store = open_store(config.remote, config.remote_deadline_s)
+    log.info("remote cache tier: %s (deadline %.2f s)", store.name, config.remote_deadline_s)
+    return RemoteTier(store, secret, version, config.remote_max_entry_bytes, latency=Histogram())
 
 
 def _error_result(request_id: int, error_class: svc.ErrorClass, message: str) -> svc.CompileResult:

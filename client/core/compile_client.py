@@ -83,6 +83,7 @@ class Tier(enum.Enum):
     IN_PROCESS = enum.auto()  # compiled in this process (no daemon, or its fallback)
     MEMORY = enum.auto()  # the daemon's memory tier
     DISK = enum.auto()  # the daemon's disk tier
+    REMOTE = enum.auto()  # the cluster tier behind the daemon (another host compiled it)
     DIRECT = enum.auto()  # the daemon's disk tier, read by this process itself
     COMPILED = enum.auto()  # the daemon compiled it for this request
     JOINED = enum.auto()  # the request joined the daemon's compile already in flight
@@ -92,6 +93,7 @@ class Tier(enum.Enum):
 _TIERS = {
     svc.MEMORY: Tier.MEMORY,
     svc.DISK: Tier.DISK,
+    svc.REMOTE: Tier.REMOTE,
     svc.COMPILED: Tier.COMPILED,
     svc.JOINED: Tier.JOINED,
 }
