@@ -83,8 +83,8 @@ def remote_rows(r: svc.RemoteStats) -> list[tuple[str, str]]:
     rows = [
         ("remote tier", r.store + (f"  OFF: {r.off} (asked again every 5 s)" if r.off else "")),
         (
-            "remote: hits / misses / skipped while off",
-            f"{r.hits} / {r.misses} / {r.skipped}",
+            "remote: hits / misses / joined / skipped while off",
+            f"{r.hits} / {r.misses} / {r.joined} / {r.skipped}",
         ),
         (
             "remote: puts / errors / dropped",

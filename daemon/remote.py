@@ -232,6 +232,15 @@ def opened(secret: bytes, key: str, version: str, raw: bytes) -> svc.ExecutableB
     return blob if blob_ok(blob, key) else Verdict.DAMAGED
 
 
+class _Reading:
+    """A read of one key in progress: the thread making it, and its result once done."""
+
+    def __init__(self) -> None:
+        self.owner = threading.get_ident()
+        self.done = threading.Event()
+        self.blob: svc.ExecutableBlob | None = None
+
+
 class RemoteTier:
     """One daemon's use of a remote store: signed entries, a deadline per call, off (and
     retried in the background) after a failure, writes from a background thread."""
@@ -260,6 +269,8 @@ class RemoteTier:
         self.recent: collections.deque[tuple[float, str]] = collections.deque(maxlen=RECENT)
         self.down = ""  # why the tier is off ("": on)
         self._known: set[str] = set()  # keys this daemon wrote or read there
+        self._reading: dict[str, _Reading] = {}  # keys being read now, by the thread reading
+        self.joined = 0  # lookups that waited for another's read of the same key
         self._writes: queue.Queue[tuple[str, svc.ExecutableBlob, bool] | None] = queue.Queue(QUEUE)
         self._closed = threading.Event()
         self._retrying = False
@@ -269,11 +280,30 @@ class RemoteTier:
     # -- lookups ---------------------------------------------------------------------------------
     def get(self, key: str) -> svc.ExecutableBlob | None:
         """The executable the store holds for key, checked; None on a miss, an entry refused,
-        or a store that is off or fails (at most one deadline)."""
+        or a store that is off or fails (at most one deadline). Lookups of a key already being
+        read (two ranks asking at once) wait for that read rather than making their own."""
         if self.down:
             with self.lock:
                 self.skipped += 1
             return None
+        with self.lock:
+            reading = self._reading.get(key)
+            if reading is None:
+                reading = self._reading[key] = _Reading()
+            else:
+                self.joined += 1
+        if reading.owner != threading.get_ident():
+            reading.done.wait()  # (bounded: the read it waits for has the store's deadline)
+            return reading.blob
+        try:
+            reading.blob = self._read(key)
+        finally:
+            with self.lock:
+                del self._reading[key]
+            reading.done.set()
+        return reading.blob
+
+    def _read(self, key: str) -> svc.ExecutableBlob | None:
         began = time.monotonic()
         try:
             raw = self.store.get(PREFIX + key, self.max_entry_bytes)
@@ -433,6 +463,7 @@ class RemoteTier:
                 puts_dropped=self.puts_dropped,
                 signature_failures=self.forged,
                 refused=self.refused,
+                joined=self.joined,
                 errors=self.errors,
                 latency_p50_ms=1000 * p50,
                 latency_p99_ms=1000 * p99,

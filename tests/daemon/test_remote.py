@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,28 @@ def test_an_entry_put_is_got_back_checked_and_a_forged_one_never(redis_server):
         assert any("signature" in e for e in tier.to_proto().recent_errors)
         raw.flushdb()
         assert tier.get(key) is None and tier.misses == 2
+    finally:
+        tier.close()
+
+
+def test_lookups_of_a_key_being_read_wait_for_that_read(redis_server):
+    class Slow(RedisStore):
+        reads = 0
+
+        def get(self, key: str, limit: int) -> bytes | None:
+            Slow.reads += 1
+            time.sleep(0.2)
+            return super().get(key, limit)
+
+    key, blob = _blob(1)
+    tier = RemoteTier(Slow(redis_server.url, 1.0), b"k" * 32, VERSION, 1 << 20)
+    try:
+        tier.put_later(key, blob)
+        assert tier.flush()
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda _: tier.get(key), range(4)))
+        assert got == [blob] * 4
+        assert Slow.reads == 1 and tier.joined == 3 and tier.hits == 1
     finally:
         tier.close()
 
