@@ -233,10 +233,9 @@ def opened(secret: bytes, key: str, version: str, raw: bytes) -> svc.ExecutableB
 
 
 class _Reading:
-    """A read of one key in progress: the thread making it, and its result once done."""
+    """A read of one key in progress, and its result once done."""
 
     def __init__(self) -> None:
-        self.owner = threading.get_ident()
         self.done = threading.Event()
         self.blob: svc.ExecutableBlob | None = None
 
@@ -269,7 +268,7 @@ class RemoteTier:
         self.recent: collections.deque[tuple[float, str]] = collections.deque(maxlen=RECENT)
         self.down = ""  # why the tier is off ("": on)
         self._known: set[str] = set()  # keys this daemon wrote or read there
-        self._reading: dict[str, _Reading] = {}  # keys being read now, by the thread reading
+        self._reading: dict[str, _Reading] = {}  # keys being read now
         self.joined = 0  # lookups that waited for another's read of the same key
         self._writes: queue.Queue[tuple[str, svc.ExecutableBlob, bool] | None] = queue.Queue(QUEUE)
         self._closed = threading.Event()
@@ -288,11 +287,12 @@ class RemoteTier:
             return None
         with self.lock:
             reading = self._reading.get(key)
+            joining = reading is not None
             if reading is None:
                 reading = self._reading[key] = _Reading()
             else:
                 self.joined += 1
-        if reading.owner != threading.get_ident():
+        if joining:
             reading.done.wait()  # (bounded: the read it waits for has the store's deadline)
             return reading.blob
         try:
