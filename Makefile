@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := package protos simulator compiler policy daemon client client/api client/door client/modes client/core client/distributed cli
 
-.PHONY: setup redis-server test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant clean
+.PHONY: setup redis-server test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant sweep clean
 
 setup: $(STAMP) redis-server
 
@@ -77,6 +77,16 @@ bench: setup
 # model, two at a time: a table of eager and adaptive against CPU and adaptive against eager.
 zoo: setup
 	$(PY) tests/zoo/zoo.py
+
+# Every model type of the installed transformers, shrunk and trained in every mode (docs/SWEEP.md,
+# docs/validation.md): sharded over SWEEP_JOBS processes, resumable (results cached per target,
+# keyed by the commit and the transformers version); op signatures recorded into the sweep's
+# registry, which is then tested whole.
+SWEEP_JOBS ?= 2
+SWEEP_REGISTRY := tests/registry/sweep.jsonl
+sweep: setup
+	$(PY) tests/sweep/sweep.py --jobs $(SWEEP_JOBS) --record $(SWEEP_REGISTRY) --report docs/SWEEP.md
+	$(VENV)/bin/trnsim registry test $(SWEEP_REGISTRY)
 
 # Shape-only mode (NEURON_SIM_NUMERICS=off) against numerics on, every zoo model and mode:
 # the same simulated time, launches, executables and HBM (docs/shape-only.md).

@@ -2,7 +2,7 @@
 to a file, and op-level tests generated from it (TorchNeuron stages its validation this way).
 
     NEURON_RECORD_SHAPES=ops.jsonl python train.py      # or: trnsim record -o ops.jsonl -- ...
-    trnsim registry test ops.jsonl [--mode eager,adaptive] [--ops add,mm]
+    trnsim registry test ops.jsonl [--mode eager,adaptive] [--ops add,mm] [--per-op K]
     trnsim registry stats ops.jsonl
 
 Recording is client/core/shapes.py. A test builds random inputs of exactly a signature (integer
@@ -200,8 +200,24 @@ def run_all(signatures: Sequence[Signature], modes: Sequence[str]) -> dict[str, 
 
 
 # -- the command line -------------------------------------------------------------------------
+def stratified(signatures: Sequence[Signature], per_op: int) -> list[Signature]:
+    """At most per_op signatures of each op, spread evenly over its signatures in file order
+    (the file is sorted, so alike geometries sit together): every op is tested, none
+    dominates."""
+    by_op: dict[str, list[Signature]] = {}
+    for s in signatures:
+        by_op.setdefault(s.op, []).append(s)
+    chosen = []
+    for sigs in by_op.values():
+        step = max(1, len(sigs) / per_op)
+        chosen += [sigs[int(i * step)] for i in range(min(per_op, len(sigs)))]
+    return chosen
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     signatures = _selected(load(Path(args.file)), args.ops)
+    if args.per_op:
+        signatures = stratified(signatures, args.per_op)
     start = time.perf_counter()
     results = run_all(signatures, args.mode.split(","))
     seconds = time.perf_counter() - start
@@ -274,6 +290,13 @@ def parser() -> argparse.ArgumentParser:
     test.add_argument("file", help="a registry file (NEURON_RECORD_SHAPES, trnsim record)")
     test.add_argument("--mode", default="eager,adaptive", help="modes, comma-separated")
     test.add_argument("--ops", default="", help="only these ops (comma-separated)")
+    test.add_argument(
+        "--per-op",
+        type=int,
+        default=0,
+        metavar="K",
+        help="a sample: at most K signatures of each op, spread over its shapes (default: all)",
+    )
     test.add_argument("--results", help="write each signature's outcome to this JSON file")
     stats = sub.add_parser("stats", help="signatures per op, the ops that dominate, failures")
     stats.add_argument("file", help="a registry file")

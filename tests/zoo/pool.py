@@ -55,15 +55,21 @@ def exit_reason(code: int) -> str:
     return f"exit code {code}"
 
 
-def run_worker(name: str, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
-    """One model in its own process: its verdict, or why the process gave none; with seconds."""
+def run_worker(
+    name: str,
+    timeout_s: float = TIMEOUT_S,
+    command: Sequence[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One model in its own process (default: the zoo's worker.py NAME, in worker_env): its
+    verdict, or why the process gave none; with seconds."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, str(WORKER), name],
+        list(command) if command is not None else [sys.executable, str(WORKER), name],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=worker_env(name),
+        env=env if env is not None else worker_env(name),
         start_new_session=True,  # its own process group: a hang is killed with its children
     )
     try:

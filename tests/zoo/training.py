@@ -57,6 +57,7 @@ class Record:
     seconds: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)  # neuron modes: adaptive counters
     ties_lost: int = 0  # tied weights that model.to(device) untied
+    n_steps: int = STEPS  # training steps (what is recorded after training is at this step)
     compile_timeouts: int = 0  # adaptive steps after which fused compiles were still pending
 
     def add(self, step: int, tensors: dict[str, torch.Tensor]) -> None:
@@ -68,7 +69,9 @@ class Record:
     def losses(self) -> list[float]:
         """The loss of every step that finished."""
         return [
-            float(self.tensors[f"loss/{s}"]) for s in range(STEPS) if f"loss/{s}" in self.tensors
+            float(self.tensors[f"loss/{s}"])
+            for s in range(self.n_steps)
+            if f"loss/{s}" in self.tensors
         ]
 
 
@@ -99,12 +102,12 @@ def final_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def train(
     model: nn.Module, case: Case, batch: dict[str, Any], record: Record, forward: Any = None
 ) -> None:
-    """STEPS steps of SGD with momentum on the same batch, recording as it goes; forward
-    (default: the model) computes the outputs: compiled mode's torch.compile'd model."""
+    """record.n_steps steps of SGD with momentum on the same batch, recording as it goes;
+    forward (default: the model) computes the outputs: compiled mode's torch.compile'd model."""
     model.train(case.train_mode)
     forward = model if forward is None else forward
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    for step in range(STEPS):
+    for step in range(record.n_steps):
         record.phase = f"step {step}"
         output = forward(**batch)
         opt.zero_grad(set_to_none=True)
@@ -123,7 +126,8 @@ def evaluate(model: nn.Module, batch: dict[str, Any], record: Record, forward: A
     record.phase = "final forward"
     model.eval()
     with torch.no_grad():
-        record.add(END, floating_tensors((model if forward is None else forward)(**batch), "eval"))
+        output = (model if forward is None else forward)(**batch)
+        record.add(record.n_steps, floating_tensors(output, "eval"))
 
 
 def move(initial: nn.Module, device: str, record: Record) -> nn.Module:
@@ -149,7 +153,7 @@ def run_steps(case: Case, initial: nn.Module, batch: dict[str, Any], record: Rec
     forward = model if backend is None else torch.compile(model, backend=backend)
     train(model, case, inputs, record, forward)
     evaluate(model, inputs, record, forward)
-    record.add(END, final_state(model))
+    record.add(record.n_steps, final_state(model))
     record.phase = "synchronize"
     if device == "neuron":
         torch.neuron.synchronize()
@@ -165,9 +169,12 @@ def fail(record: Record, error: Exception) -> None:
         record.error += f" [{note}]" if note else ""
 
 
-def run_mode(case: Case, initial: nn.Module, batch: dict[str, Any], mode: str) -> Record:
-    """Trains a deep copy of initial in one mode; never raises (the error is recorded)."""
-    record = Record(mode)
+def run_mode(
+    case: Case, initial: nn.Module, batch: dict[str, Any], mode: str, steps: int = STEPS
+) -> Record:
+    """Trains a deep copy of initial in one mode, steps steps; never raises (the error is
+    recorded)."""
+    record = Record(mode, n_steps=steps)
     if mode not in ON_CPU:
         # Each mode meets every op signature for the first time, as a new process does: what
         # an earlier mode learnt of an op (its Meta metadata checked on a real run) must not

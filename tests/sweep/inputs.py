@@ -1,0 +1,218 @@
+"""Inputs that fit a model and its head, made from its forward's parameters and its config.
+
+Text gets token ids below the small vocabulary's special tokens, images get pixels of the
+config's size and channels, audio a waveform or log-mel features of the length the config
+implies; labels are made for the head (next tokens, masked tokens, classes, CTC characters,
+answer spans). A multimodal LM is fed its text alone (its vision tower is built, not run).
+Everything comes from one seeded CPU generator.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+SEQ = 16
+DECODER_SEQ = 8
+BATCH = 2
+WAVEFORM = 1600
+CTC_LABELS = 6
+SEED = 5678
+SPECIAL = 32  # ids at the top of the vocabulary are left to special tokens (shrink.py)
+LOW = 3  # and ids below this (pad, bos, eos in most vocabularies)
+GRID = 2  # patches per side of a flattened-patch image (after the spatial merge)
+EMBEDS = ("inputs_embeds", "query_embeds", "hidden_states", "input_embeds")
+
+
+class InputError(Exception):
+    """The generator cannot make an input the model requires."""
+
+
+def _find(config: PretrainedConfig, *names: str) -> Any:
+    """The first of names set on the config or on one of its parts (text_config...)."""
+    parts = [config] + [v for v in vars(config).values() if isinstance(v, PretrainedConfig)]
+    for part in parts:
+        for name in names:
+            value = getattr(part, name, None)
+            if value is not None:
+                return value
+    return None
+
+
+def _side(value: Any) -> int:
+    """An image size given as an int, a list/tuple, or a {"height", "width"} dict."""
+    if isinstance(value, dict):
+        return int(value.get("height", value.get("shortest_edge", 32)))
+    if isinstance(value, list | tuple):
+        return int(value[0])
+    return int(value)
+
+
+def _ids(g: torch.Generator, vocab: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Token ids that are neither low special ids nor the moved ones at the top."""
+    high = vocab - SPECIAL if vocab > 4 * SPECIAL else vocab
+    low = LOW if high > 2 * LOW else 0
+    return torch.randint(low, high, shape, generator=g)
+
+
+def _labels(head: str, ids: torch.Tensor | None, classes: int, g: torch.Generator) -> dict:
+    """The labels of the head, or none (the base model's loss is made from its outputs)."""
+    if head in ("causal_lm", "image_text_to_text", "multimodal_lm") and ids is not None:
+        return {"labels": ids.clone()}
+    if head == "masked_lm" and ids is not None:
+        keep = torch.rand(ids.shape, generator=g) < 0.3
+        keep[:, 3] = True
+        return {"labels": ids.masked_fill(~keep, -100)}
+    if head in ("image_classification", "audio_classification", "sequence_classification"):
+        return {"labels": torch.randint(0, classes, (BATCH,), generator=g)}
+    if head == "token_classification":
+        return {"labels": torch.randint(0, classes, (BATCH, SEQ), generator=g)}
+    if head == "question_answering":
+        return {
+            "start_positions": torch.randint(0, SEQ, (BATCH,), generator=g),
+            "end_positions": torch.randint(0, SEQ, (BATCH,), generator=g),
+        }
+    return {}
+
+
+def make_batch(model: torch.nn.Module, head: str, config: PretrainedConfig) -> dict[str, Any]:
+    """The keyword arguments of one training step of the model."""
+    g = torch.Generator().manual_seed(SEED)
+    params = inspect.signature(model.forward).parameters
+    vocab = int(_find(config, "vocab_size") or 1024)
+    batch: dict[str, Any] = {}
+    ids = None
+    seq2seq = head in ("seq2seq_lm", "speech_seq2seq")
+    audio_in = "input_values" in params or "input_features" in params
+    image_in = "pixel_values" in params and head not in ("image_text_to_text", "multimodal_lm")
+    text_in = not (audio_in and head in ("ctc", "speech_seq2seq"))
+    if "input_ids" in params and text_in and not (image_in and head == "image_classification"):
+        ids = _ids(g, vocab, (BATCH, SEQ))
+        batch["input_ids"] = ids
+        if "attention_mask" in params:
+            batch["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    if "pixel_values" in params and (
+        (image_in and (ids is None or head == "model")) or _required(params, "pixel_values")
+    ):
+        channels = int(_find(config, "num_channels", "in_channels") or 3)
+        side = _side(_find(config, "image_size", "img_size") or 32)
+        batch["pixel_values"] = torch.randn(BATCH, channels, side, side, generator=g)
+    frames, bins = _find(config, "max_length"), _find(config, "num_mel_bins")
+    if "input_values" in params and ids is None and "pixel_values" not in batch:
+        if frames and bins:  # a spectrogram (AST)
+            batch["input_values"] = torch.randn(BATCH, int(frames), int(bins), generator=g)
+        else:
+            batch["input_values"] = torch.randn(BATCH, WAVEFORM, generator=g)
+    elif "input_features" in params and ids is None and "pixel_values" not in batch:
+        bins = int(_find(config, "num_mel_bins", "feature_size", "input_feat_per_channel") or 16)
+        positions = _find(config, "max_source_positions")
+        frames = 2 * int(positions) if positions else 64
+        batch["input_features"] = torch.randn(BATCH, bins, frames, generator=g)
+    if "bbox" in params and ids is not None:  # layout models: a box per token
+        corner = torch.randint(0, 500, (BATCH, SEQ, 2), generator=g)
+        size = torch.randint(1, 500, (BATCH, SEQ, 2), generator=g)
+        batch["bbox"] = torch.cat([corner, corner + size], dim=-1)
+    if "grid_thw" in params or "image_grid_thw" in params:
+        batch.update(_patches(config, g, params))
+    if not batch:
+        hidden = _find(config, "hidden_size", "d_model")
+        embeds = next((n for n in EMBEDS if n in params), None)
+        if embeds and hidden:
+            batch[embeds] = torch.randn(BATCH, SEQ, int(hidden), generator=g)
+    if not batch:
+        raise InputError(f"no input the generator knows among {', '.join(list(params)[:8])}")
+    if seq2seq and not getattr(config, "is_encoder_decoder", True) and ids is not None:
+        batch["labels"] = ids.clone()  # a decoder-only LM listed as sequence-to-sequence
+    elif seq2seq:
+        batch["labels"] = _ids(g, vocab, (BATCH, DECODER_SEQ))
+        if "decoder_input_ids" in params:  # the labels shifted right, as generation starts
+            start = int(_find(config, "decoder_start_token_id", "pad_token_id") or 0)
+            shifted = batch["labels"].roll(1, dims=1)
+            batch["decoder_input_ids"] = shifted.index_fill(1, torch.tensor([0]), start)
+    elif head == "ctc":
+        batch["labels"] = torch.randint(LOW, min(vocab, 32), (BATCH, CTC_LABELS), generator=g)
+    else:
+        classes = int(getattr(config, "num_labels", 2) or 2)
+        batch.update(_labels(head, ids, classes, g))
+        if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+            batch["decoder_input_ids"] = _ids(g, vocab, (BATCH, DECODER_SEQ))
+    missing = [n for n in params if _required(params, n) and n not in batch]
+    if missing:
+        raise InputError(f"required input(s) the generator cannot make: {', '.join(missing)}")
+    return batch
+
+
+def _patches(config: PretrainedConfig, g: torch.Generator, params: Any) -> dict[str, Any]:
+    """Flattened patches and their (t, h, w) grid, as Qwen2-VL-style vision encoders take
+    them: one image of GRID x GRID patches."""
+    patch = int(_find(config, "patch_size") or 14)
+    temporal = int(_find(config, "temporal_patch_size") or 1)
+    channels = int(_find(config, "in_channels", "num_channels", "in_chans") or 3)
+    merge = int(_find(config, "spatial_merge_size") or 1)
+    side = GRID * merge
+    grid_name = "grid_thw" if "grid_thw" in params else "image_grid_thw"
+    pixels = "hidden_states" if "hidden_states" in params else "pixel_values"
+    return {
+        pixels: torch.randn(side * side, channels * temporal * patch * patch, generator=g),
+        grid_name: torch.tensor([[1, side, side]]),
+    }
+
+
+def _required(params: Any, name: str) -> bool:
+    """A forward parameter without a default (not *args/**kwargs)."""
+    p = params.get(name)
+    return (
+        p is not None
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    )
+
+
+MISMATCH = re.compile(r"tokens do not match\D*?(\d+)\D+?(\d+)", re.IGNORECASE)
+TOKEN_IDS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index")
+
+
+def fit_modality_tokens(
+    model: torch.nn.Module, batch: dict[str, Any], config: PretrainedConfig, error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: a batch whose text holds as many image
+    (audio) tokens as the model's features fill, when that is what the error says; else None."""
+    found = MISMATCH.search(str(error))
+    token = _find(config, *TOKEN_IDS)
+    if "input_ids" not in batch or found is None or not _is_id(token):
+        return None
+    fitted = _with_tokens(batch, int(token), int(found.group(2)))
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        fitted["mm_token_type_ids"] = (fitted["input_ids"] == token).long()  # (M-RoPE's)
+    return fitted
+
+
+def _is_id(value: Any) -> bool:
+    """A token id (an int, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _with_tokens(batch: dict[str, Any], token: int, features: int) -> dict[str, Any]:
+    """The batch with `features` modality tokens after each row's first token: split between
+    the rows when every row has its own image, else all in the first row."""
+    ids = batch["input_ids"]
+    per_image = [features // ids.shape[0]] * ids.shape[0]
+    pixels = batch.get("pixel_values")
+    if not (isinstance(pixels, torch.Tensor) and pixels.dim() == 4 and len(pixels) == len(ids)):
+        per_image = [features] + [0] * (ids.shape[0] - 1)
+    length = max(ids.shape[1], max(per_image) + LOW)
+    rows = []
+    for row, n in zip(ids, per_image, strict=True):
+        text = row[row != token]
+        filler = text[1:].repeat(length)[: length - 1 - n]
+        rows.append(torch.cat([text[:1], torch.full((n,), token), filler]))
+    fitted = dict(batch, input_ids=torch.stack(rows))
+    if "attention_mask" in batch:
+        fitted["attention_mask"] = torch.ones_like(fitted["input_ids"])
+    if "labels" in batch and batch["labels"].shape == ids.shape:
+        fitted["labels"] = fitted["input_ids"].masked_fill(fitted["input_ids"] == token, -100)
+    return fitted

@@ -1,0 +1,170 @@
+"""The sweep's published table (docs/SWEEP.md): one row per target, a summary, the error
+classes, and the trait coverage of a representative set chosen from the results."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+MODES = ("eager", "adaptive", "compiled")
+MESSAGE = 90  # characters of an error kept in its class
+
+
+def mode_passed(result: dict[str, Any], mode: str) -> bool:
+    """Passed against CPU; adaptive also bit for bit equal to eager."""
+    verdict = result.get(mode) or {}
+    if mode == "adaptive" and not (result.get("bits") or {}).get("equal"):
+        return False
+    return bool(verdict.get("passed"))
+
+
+def all_passed(result: dict[str, Any]) -> bool:
+    """Built, and passed in every mode."""
+    return bool(result.get("built")) and all(mode_passed(result, m) for m in MODES)
+
+
+def _normalised(message: str) -> str:
+    """An error message with its numbers and quoted names blurred, so that alike errors of
+    different models fall in one class."""
+    message = re.sub(r"0x[0-9a-f]+", "N", message)
+    message = re.sub(r"\d+", "N", message)
+    message = re.sub(r"'[^']*'", "'…'", message)
+    return message[:MESSAGE]
+
+
+def error_class(result: dict[str, Any]) -> str:
+    """The first failure's stage and normalised message ('' when everything passed)."""
+    if "died" in result:
+        return f"worker {_normalised(result['died'])}"
+    if not result.get("built"):
+        failure = result.get("failure", {})
+        return f"{failure.get('stage', 'build')}: {_normalised(failure.get('error', '?'))}"
+    for mode in MODES:
+        verdict = result.get(mode) or {}
+        if verdict.get("error"):
+            return f"{mode}: {_normalised(verdict['error'].split(': ', 1)[-1])}"
+        if not verdict.get("passed") and verdict:
+            return f"{mode}: {verdict.get('worst_tensor')} beyond tolerance"
+    if not (result.get("bits") or {}).get("equal", True):
+        return "adaptive != eager"
+    return ""
+
+
+def cell(result: dict[str, Any]) -> str:
+    """A short status: 'no build', 'built', or each mode's pass/FAIL."""
+    if "died" in result:
+        return f"died ({result['died']})"
+    if not result.get("built"):
+        return "no build"
+    if result.get("build_only"):
+        return "built"
+    return ", ".join(f"{m} {'pass' if mode_passed(result, m) else 'FAIL'}" for m in MODES)
+
+
+def _percent(n: int, of: int) -> str:
+    """'n (p %)'."""
+    return f"{n} ({100 * n / of:.1f} %)" if of else f"{n}"
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+    """How many were attempted, built, and passed in each mode."""
+    full = [r for r in results if not r.get("build_only")]
+    built = [r for r in full if r.get("built")]
+    lines = [
+        f"attempted: {len(full)} model types",
+        f"built: {_percent(len(built), len(full))}",
+    ]
+    for mode in MODES:
+        label = "adaptive (and bit-identical to eager)" if mode == "adaptive" else mode
+        passed = sum(mode_passed(r, mode) for r in built)
+        lines.append(f"{label}: {_percent(passed, len(built))} of the built pass")
+    lines.append(f"all three modes: {_percent(sum(map(all_passed, built)), len(built))} of built")
+    return "\n".join(lines)
+
+
+def representative(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A small set of passing targets covering every trait they have (greedy set cover, the
+    fewest parameters first among equals)."""
+    pool = sorted((r for r in results if all_passed(r)), key=lambda r: r.get("params", 0))
+    uncovered = {t for r in pool for t in r.get("traits", [])}
+    chosen: list[dict[str, Any]] = []
+    while uncovered:
+        best = max(pool, key=lambda r: len(uncovered & set(r.get("traits", []))))
+        gain = uncovered & set(best.get("traits", []))
+        if not gain:
+            break
+        chosen.append(best)
+        uncovered -= gain
+    return chosen
+
+
+def coverage(results: list[dict[str, Any]], chosen: list[dict[str, Any]]) -> list[str]:
+    """A table: trait, types having it, of them passing, and the representative that has it."""
+    having = Counter(t for r in results if r.get("built") for t in r.get("traits", []))
+    passing = Counter(t for r in results if all_passed(r) for t in r.get("traits", []))
+    rows = ["| trait | built types | passing | representative |", "|---|---|---|---|"]
+    for trait in sorted(having):
+        who = next((r["key"] for r in chosen if trait in r.get("traits", [])), "-")
+        rows.append(f"| {trait} | {having[trait]} | {passing[trait]} | {who} |")
+    return rows
+
+
+def _row(result: dict[str, Any]) -> str:
+    """One table row."""
+    built = "yes" if result.get("built") else "no"
+    modes = [
+        ("pass" if mode_passed(result, m) else "FAIL") if result.get("built") else "-"
+        for m in MODES
+    ]
+    traits = " ".join(t.split(":", 1)[1] for t in result.get("traits", []))
+    error = error_class(result).replace("|", "/")
+    return (
+        f"| {result['key']} | {result.get('class', '-')} | {traits} | {built} | "
+        f"{' | '.join(modes)} | {error} |"
+    )
+
+
+def write_report(results: list[dict[str, Any]], path: Path | None, label: str) -> str:
+    """The summary; with a path, the whole report written there."""
+    text = summary(results)
+    if path is None:
+        return text
+    classes = Counter(error_class(r) for r in results if error_class(r))
+    chosen = representative(results)
+    lines = [
+        "# The transformers sweep",
+        "",
+        "Generated by `make sweep` (tests/sweep/sweep.py); do not edit by hand. Every model type",
+        "of the installed transformers that has a model class, built offline from a shrunk",
+        "config with random weights, trained 3 SGD steps on CPU and on neuron in eager,",
+        "adaptive and compiled mode. See docs/validation.md for how to read it.",
+        "",
+        f"Results: `{label}`.",
+        "",
+        "## Summary",
+        "",
+        "```",
+        text,
+        "```",
+        "",
+        "## Error classes",
+        "",
+        "| count | class |",
+        "|---|---|",
+        *[f"| {n} | {c.replace('|', '/')} |" for c, n in classes.most_common()],
+        "",
+        f"## Trait coverage of the representative set ({len(chosen)} targets)",
+        "",
+        *coverage(results, chosen),
+        "",
+        "## Every target",
+        "",
+        "| target | class | traits | builds | eager | adaptive | compiled | error class |",
+        "|---|---|---|---|---|---|---|---|",
+        *[_row(r) for r in sorted(results, key=lambda r: r["key"])],
+        "",
+    ]
+    path.write_text("\n".join(lines))
+    return text

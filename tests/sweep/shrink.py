@@ -1,0 +1,420 @@
+"""The generic config shrinker: any transformers config class, cut to a model of a few hundred
+thousand parameters that keeps its architecture.
+
+The shrinker reads the config class's own constructor: each argument whose name says what it
+sizes (layers, width, heads, experts, vocabulary, image...) and whose default is a number (or
+a list of them) gets a small value; everything else keeps its default, and values the
+constructor derives (head_dim, layer_types...) are derived again from the small ones. A
+composite config (text_config, vision_config, audio_config, encoder/decoder...) has each of
+its parts shrunk the same way, by the part's own class.
+
+Per-architecture overrides (OVERRIDES) are applied after the generic rules, only where those
+fail, each with its reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from transformers import PretrainedConfig
+
+LAYERS = 2
+HIDDEN = 64
+HEADS = 4
+KV_HEADS = 2
+FFN = 128
+HEAD_DIM = 16
+VOCAB = 1024
+POSITIONS = 512
+IMAGE = 32
+PATCH = 8
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+STAGE_WIDTH = 16  # the first stage's width in a hierarchical vision model
+SPECIAL_TOKENS = 32  # the top of the vocabulary is kept for special tokens (ids above VOCAB)
+
+# Argument name -> small value. An argument is shrunk only when its default is larger.
+SIZES: dict[str, int] = {
+    **dict.fromkeys(
+        (
+            "num_hidden_layers",
+            "num_layers",
+            "n_layer",
+            "n_layers",
+            "encoder_layers",
+            "decoder_layers",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "text_layers",
+            "vision_layers",
+            "num_blocks",
+            "depth",
+            "encoder_depth",
+            "decoder_depth",
+        ),
+        LAYERS,
+    ),
+    **dict.fromkeys(
+        (
+            "hidden_size",
+            "d_model",
+            "n_embd",
+            "embed_dim",
+            "dim",
+            "embedding_size",
+            "word_embed_proj_dim",
+            "projection_dim",
+            "text_hidden_size",
+            "vision_hidden_size",
+            "encoder_hidden_size",
+            "decoder_hidden_size",
+            "proj_dim",
+            "codebook_dim",
+            "out_hidden_size",
+        ),
+        HIDDEN,
+    ),
+    **dict.fromkeys(
+        (
+            "num_attention_heads",
+            "n_head",
+            "n_heads",
+            "num_heads",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "num_encoder_attention_heads",
+            "num_decoder_attention_heads",
+        ),
+        HEADS,
+    ),
+    **dict.fromkeys(
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "d_ff",
+            "n_inner",
+            "ffn_hidden_size",
+            "mlp_dim",
+            "decoder_intermediate_size",
+            "encoder_intermediate_size",
+        ),
+        FFN,
+    ),
+    **dict.fromkeys(
+        ("head_dim", "d_kv", "attention_head_dim", "kv_channels", "linear_head_dim"), HEAD_DIM
+    ),
+    # Multi-head latent attention (low-rank keys, values and queries; a rotary part of each head)
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 32),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), HEAD_DIM // 2),
+    **dict.fromkeys(("v_head_dim",), HEAD_DIM),
+    **dict.fromkeys(("max_length",), 64),  # audio spectrogram frames (AST)
+    **dict.fromkeys(("mask_time_length", "mask_feature_length"), 2),  # SpecAugment spans
+    **dict.fromkeys(("num_groups",), 8),  # GroupNorm groups (BiT)
+    **dict.fromkeys(("window_size",), 4),  # windowed attention (Swin: 8 x 8 patches)
+    **dict.fromkeys(("vocab_size", "text_vocab_size", "src_vocab_size", "tgt_vocab_size"), VOCAB),
+    **dict.fromkeys(
+        ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"),
+        POSITIONS,
+    ),
+    **dict.fromkeys(
+        ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), EXPERTS
+    ),
+    **dict.fromkeys(
+        ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "moe_k"),
+        EXPERTS_PER_TOKEN,
+    ),
+    **dict.fromkeys(("n_shared_experts", "moe_num_shared_experts", "num_shared_experts"), 1),
+    # Grouped routing: the experts split into groups, the best groups chosen first
+    **dict.fromkeys(("n_group", "num_expert_group"), 2),
+    **dict.fromkeys(("topk_group",), 1),
+    **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size"), FFN // 4),
+    **dict.fromkeys(("shared_expert_intermediate_size",), FFN // 2),
+    **dict.fromkeys(("image_size", "img_size"), IMAGE),
+    **dict.fromkeys(("patch_size",), PATCH),
+}
+# Lists sized per stage (hierarchical vision models): name -> what each stage becomes.
+STAGE_LISTS: dict[str, str] = {
+    "depths": "one",
+    "hidden_sizes": "width",
+    "embed_dims": "width",
+    "dims": "width",
+    "channels": "width",
+    "hidden_dims": "width",
+    "num_heads": "heads",
+    "num_attention_heads": "heads",
+    "conv_dim": "flat",  # a speech model's convolutional front-end
+    "tdnn_dim": "flat",
+}
+TIMM = ("timm_backbone", "timm_wrapper")
+LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids")
+# Offline: never a pretrained backbone from the hub, never timm's (not installed).
+OFFLINE = {"use_pretrained_backbone": False, "use_timm_backbone": False}
+# Randomness that the CPU reference and the device draw in different orders.
+ZEROED = ("drop_path_rate", "layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+# Values a config derives from its sizes when they are not given.
+DERIVED = ("head_dim", "layer_types", "num_key_value_heads", "transformers_version")
+MODALITY_TOKENS = ("image_token_id", "image_token_index")
+TOKEN_ID_SUFFIXES = ("_token_id", "_token_index", "_token_ids")
+
+# model_type -> (extra arguments, why the generic rules are not enough).
+OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
+    "bamba": ({"attn_layer_indices": [1]}, "its default has no attention layer at all"),
+    "esm": (
+        {"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32},
+        "its default has no vocabulary (a protein alphabet is given by the checkpoint)",
+    ),
+    "dbrx": (
+        {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
+        (
+            "its attention reads attn_config.rope_theta, which its config class no longer sets, "
+            "and clamps to clip_qkv, whose default (None) torch.clamp refuses"
+        ),
+    ),
+    "efficientnet": (
+        {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
+        "its default is EfficientNet-B7 (width x2, depth x3.1); hidden_dim follows the width",
+    ),
+}
+
+
+def _stage_list(kind: str, n: int) -> list[int]:
+    """A per-stage list of n small values."""
+    if kind == "one":
+        return [1] * n
+    if kind == "flat":
+        return [32] * n
+    if kind == "heads":
+        return [min(2**i, HEADS) for i in range(n)]
+    return [32 * 2 ** min(i, 2) for i in range(n)]
+
+
+def _arguments(cls: type) -> dict[str, Any]:
+    """The config constructor's keyword arguments and their defaults (inspect.Parameter.empty
+    where there is none)."""
+    params = inspect.signature(cls.__init__).parameters
+    return {n: p.default for n, p in params.items() if n != "self" and p.kind != p.VAR_KEYWORD}
+
+
+def _is_int(value: Any) -> bool:
+    """A plain int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shrunk_value(name: str, default: Any) -> Any:
+    """The small value of one argument, or the default when the rules leave it."""
+    if name in ZEROED and isinstance(default, float | int) and not isinstance(default, bool):
+        return 0.0
+    stages = isinstance(default, list | tuple) and default and all(_is_int(v) for v in default)
+    if name in STAGE_LISTS and stages:
+        return _stage_list(STAGE_LISTS[name], len(default))
+    if name in SIZES and _is_int(default) and default > SIZES[name]:
+        return SIZES[name]
+    if name in SIZES and default is None and name not in DERIVED:
+        return SIZES[name]  # a size the full config leaves to be given (no default)
+    if name in ("image_size", "patch_size") and isinstance(default, list | tuple):
+        return [SIZES[name]] * len(default)
+    return default
+
+
+def _token_ids(current: Mapping[str, Any], vocab: int) -> dict[str, Any]:
+    """Special token ids beyond the small vocabulary, moved to its top (distinct ids)."""
+    moved: dict[str, Any] = {}
+    top = vocab - 1
+    for name, value in current.items():
+        if not name.endswith(TOKEN_ID_SUFFIXES):
+            continue
+        if value is None and name in MODALITY_TOKENS:  # left to the checkpoint: one is needed
+            moved[name], top = top, top - 1
+        if _is_int(value) and value >= vocab:
+            moved[name], top = top, top - 1
+        elif isinstance(value, list) and any(_is_int(v) and v >= vocab for v in value):
+            moved[name] = []
+            for v in value:
+                moved[name].append(top if _is_int(v) and v >= vocab else v)
+                top -= 1
+    return moved
+
+
+def _parts(config: PretrainedConfig) -> dict[str, PretrainedConfig]:
+    """The config's parts that are configs themselves (text_config, vision_config...)."""
+    return {
+        name: value
+        for name, value in vars(config).items()
+        if isinstance(value, PretrainedConfig) and not name.startswith("_")
+    }
+
+
+def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
+    """The constructor arguments of a small config like this one (its parts as dicts)."""
+    cls = type(config)
+    current = config.to_dict()
+    kwargs: dict[str, Any] = {}
+    for name, default in _arguments(cls).items():
+        value = current.get(name, default)
+        if value is inspect.Parameter.empty:
+            continue
+        small = _shrunk_value(name, value)
+        if small is not value and small != value:
+            kwargs[name] = small
+    kwargs.update(_kv_heads(current))
+    if isinstance(current.get("depths"), list) and _is_int(current.get("embed_dim")):
+        kwargs["embed_dim"] = STAGE_WIDTH  # a hierarchy of stages doubles it at each stage
+    kwargs.update({k: v for k, v in OFFLINE.items() if current.get(k) is True})
+    kwargs.update(_rotary_dim(current, kwargs))
+    kwargs.update(_per_layer(current, kwargs))
+    kwargs.update(_backbone_outputs(current, kwargs))
+    if current.get("is_encoder_decoder") and current.get("decoder_start_token_id") is None:
+        # Needed to shift labels right; checkpoints carry it in their generation config.
+        kwargs["decoder_start_token_id"] = current.get("pad_token_id") or 0
+    if current.get("is_encoder_decoder") and current.get("pad_token_id", 0) is None:
+        kwargs["pad_token_id"] = 0  # (labels shifted right are padded with it)
+    vocab = kwargs.get("vocab_size", current.get("vocab_size"))
+    parts = _parts(config)
+    if not _is_int(vocab) and any(_is_int(getattr(p, "vocab_size", None)) for p in parts.values()):
+        vocab = VOCAB  # a composite config's token ids index its text part's vocabulary
+    if _is_int(vocab):
+        kwargs.update(_token_ids(current, vocab))
+    for name, part in parts.items():
+        if part.model_type in TIMM:
+            kwargs[name] = _resnet_backbone(part)
+            continue
+        small = {**_customised(part), **shrunk_arguments(part)}
+        if small:  # (a part left as it is stays the object the config made)
+            kwargs[name] = {"model_type": part.model_type, **small}
+    return kwargs
+
+
+def _resnet_backbone(timm_part: PretrainedConfig) -> dict[str, Any]:
+    """transformers' own small ResNet in place of a timm backbone (timm is not installed),
+    with as many output stages."""
+    from transformers import ResNetConfig
+
+    stages = list(getattr(timm_part, "out_indices", None) or [4])
+    small = shrunk_arguments(ResNetConfig())
+    return {"model_type": "resnet", **small, "out_features": [f"stage{i}" for i in stages]}
+
+
+def _rotary_dim(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, int]:
+    """A rotary width that keeps its share of the (now small) head."""
+    rotary = current.get("rotary_dim")
+    width = next((k for k in ("hidden_size", "n_embd", "d_model") if _is_int(current.get(k))), "")
+    count = next((k for k in ("num_attention_heads", "n_head") if _is_int(current.get(k))), "")
+    if not (_is_int(rotary) and width and count) or not rotary:
+        return {}
+    hidden, heads = current[width], current[count]
+    small_head = kwargs.get(width, hidden) // kwargs.get(count, heads)
+    share = rotary / (hidden // heads)
+    return {"rotary_dim": max(2, int(small_head * share) // 2 * 2)}
+
+
+def _per_layer(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Per-layer lists (layer_types, mlp_layer_types...) cut to the kept layers, keeping one
+    layer of each kind (a hybrid keeps its attention and its linear layers: one more layer
+    where two are not enough), and layer indices (attn_layer_indices...) kept within them."""
+    key = next((k for k in SIZES if SIZES[k] == LAYERS and k in kwargs), None)
+    if key is None or not _is_int(current.get(key)):
+        return {}
+    full = current[key]
+    lists = {
+        k: v
+        for k, v in current.items()
+        if isinstance(v, list) and len(v) == full and k not in STAGE_LISTS and full > 1
+    }
+    kept = list(range(kwargs[key]))
+    for values in lists.values():
+        firsts = sorted({str(v): i for i, v in reversed(list(enumerate(values)))}.values())
+        if len(firsts) > 1:
+            kept = sorted(set(firsts[:4]) | set(range(max(0, kwargs[key] - len(firsts)))))
+            break
+    small: dict[str, Any] = {k: [v[i] for i in kept] for k, v in lists.items()}
+    if len(kept) != kwargs[key]:
+        small[key] = len(kept)
+    layers = len(kept)
+    for k, v in current.items():
+        indices = isinstance(v, list) and v and all(_is_int(i) for i in v)
+        if k.endswith(LAYER_INDICES) and indices and max(v) >= layers:
+            small[k] = sorted({min(i, layers - 1) for i in v})
+    return small
+
+
+def _backbone_outputs(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A backbone's output stages within its fewer layers: the last ones, as many as fit."""
+    indices = current.get("out_indices")
+    layers = kwargs.get("num_hidden_layers")
+    if not isinstance(indices, list | tuple) or not _is_int(layers):
+        return {}
+    if all(_is_int(i) and i <= layers for i in indices):
+        return {}
+    kept = list(range(1, layers + 1))[-len(indices) :]
+    return {"out_indices": kept, "out_features": None}
+
+
+def _kv_heads(current: Mapping[str, Any]) -> dict[str, int]:
+    """Key/value heads as the full config has them: as many as the query heads, one (multi-
+    query), or a group of them (grouped-query)."""
+    kv, heads = current.get("num_key_value_heads"), current.get("num_attention_heads")
+    if not _is_int(kv) or not _is_int(heads):
+        return {}
+    return {"num_key_value_heads": HEADS if kv == heads else 1 if kv == 1 else KV_HEADS}
+
+
+def _customised(part: PretrainedConfig) -> dict[str, Any]:
+    """What a composite config set differently in its part from the part class's defaults,
+    except values the part derives from its sizes."""
+    defaults = type(part)().to_dict()
+    return {
+        k: v
+        for k, v in part.to_dict().items()
+        if k not in DERIVED and k in defaults and defaults[k] != v
+    }
+
+
+def _merged(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """base with extra's values, dicts (a part's arguments) merged key by key."""
+    merged = dict(base)
+    for k, v in extra.items():
+        both = isinstance(v, Mapping) and isinstance(merged.get(k), Mapping)
+        merged[k] = _merged(merged[k], v) if both else v
+    return merged
+
+
+def shrink(
+    config_class: type[PretrainedConfig], model_type: str, extra: Mapping[str, Any] | None = None
+) -> PretrainedConfig:
+    """A small config of the class: the generic rules, the type's override (if any), then
+    extra (what a trial forward asked for)."""
+    kwargs = shrunk_arguments(config_class())
+    override, _reason = OVERRIDES.get(model_type, ({}, ""))
+    return config_class(**_merged(_merged(kwargs, override), extra or {}))
+
+
+SPLIT = re.compile(r"split_sizes to sum exactly to (\d+).*split_sizes=\[([\d, ]+)\]")
+
+
+def mrope_sections(error: Exception) -> list[int] | None:
+    """The sections a multimodal rotary embedding must have, from the error of a model whose
+    sections (its full-size default) do not add up to its small head: the default's
+    proportions, summing to what the head has."""
+    found = SPLIT.search(str(error))
+    if found is None:
+        return None
+    total, sections = int(found.group(1)), [int(x) for x in found.group(2).split(",")]
+    scaled = [max(1, round(x * total / sum(sections))) for x in sections]
+    scaled[-1] += total - sum(scaled)
+    return scaled if scaled[-1] > 0 else None
+
+
+def with_rope_sections(config: PretrainedConfig, sections: list[int]) -> dict[str, Any]:
+    """Arguments giving the config, and each part with a rotary embedding, these sections."""
+    extra: dict[str, Any] = {}
+    for name, part in [("", config), *_parts(config).items()]:
+        rope = getattr(part, "rope_parameters", None)
+        if isinstance(rope, Mapping):
+            value = {"rope_parameters": {**rope, "mrope_section": sections}}
+            extra.update(value if not name else {name: value})
+    return extra

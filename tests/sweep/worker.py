@@ -1,0 +1,187 @@
+"""Runs one sweep target: shrinks its config, builds the model, makes its inputs, records its
+traits, trains it on CPU, then in neuron eager, adaptive and compiled mode; prints one JSON line.
+
+    .venv/bin/python tests/sweep/worker.py TYPE:HEAD [--steps 3] [--build-only]
+
+The target "builds" when the model is constructed from the shrunk config and trains on the
+CPU; a failure before that is the shrinker's, the input generator's or transformers' own, and
+its stage says which. The modes are judged as the zoo judges them (tests/zoo/verdict.py):
+eager, adaptive and compiled against CPU within the zoo's tolerances, adaptive against eager
+bit for bit. The exit status is 0 whatever the verdict; only a crash makes it non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "zoo")]
+
+import torch
+import transformers
+from cases import Case
+from catalog import Target, targets
+from inputs import fit_modality_tokens, make_batch
+from neuron_helpers import first_line, quiet_transformers, use_in_process_compiles
+from shrink import mrope_sections, shrink, with_rope_sections
+from tensors import floating_tensors
+from torch import nn
+from training import AOT_EAGER, Record, run_mode
+from traits import traits
+from verdict import against_cpu, bits, compiled_verdict
+
+STEPS = 3
+MODEL_SEED = 1234
+NEURON_MODES = ("eager", "adaptive", "compiled")
+TRACE_LINES = 12
+FIT_TRIES = 3
+
+
+class Trained(nn.Module):
+    """The model, returning {"loss", "output"}: its own loss where its head computes one, else
+    the mean square of every floating output that depends on the parameters."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch: Any) -> dict[str, Any]:
+        """One forward of the model and its loss."""
+        output = self.model(**batch)
+        loss = output.get("loss") if isinstance(output, Mapping) else None
+        if loss is None:
+            found = floating_tensors(output, "output")
+            grad = torch.is_grad_enabled()  # (an evaluation forward: every output counts)
+            terms = [
+                t.float().square().mean() for t in found.values() if t.requires_grad or not grad
+            ]
+            if not terms:
+                raise RuntimeError("no floating output of the model depends on its parameters")
+            loss = torch.stack(terms).sum()
+        return {"loss": loss, "output": output}
+
+
+def find(key: str) -> Target:
+    """The target named TYPE:HEAD (or TYPE: its primary target)."""
+    for target in targets(all_heads=True):
+        if key in (target.key, target.model_type):
+            return target
+    raise SystemExit(f"unknown sweep target {key!r}: see `tests/sweep/sweep.py --list`")
+
+
+def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
+    """The seeded model (wrapped with its loss), its batch and its config, fitted to each
+    other by trial forwards on the CPU: a multimodal model's text gets as many image (audio)
+    tokens as its features fill, and a multimodal rotary embedding's sections are scaled to
+    the small head when the model says they do not add up."""
+    extra: dict[str, Any] = {}
+    config = shrink(getattr(transformers, target.config_class), target.model_type)
+    model = _seeded(target, config)
+    batch = make_batch(model, target.head, config)
+    for _ in range(FIT_TRIES):
+        error = _trial(model, batch)
+        fitted = None if error is None else fit_modality_tokens(model, batch, config, error)
+        sections = None if error is None else mrope_sections(error)
+        if fitted is not None:
+            batch = fitted
+        elif sections is not None:
+            extra = with_rope_sections(config, sections)
+            config = shrink(getattr(transformers, target.config_class), target.model_type, extra)
+            model = _seeded(target, config)
+        else:
+            break
+    return Trained(model), batch, config
+
+
+def _trial(model: nn.Module, batch: dict[str, Any]) -> Exception | None:
+    """The error of one forward on the CPU without gradients, if it fails."""
+    try:
+        with torch.no_grad():
+            model(**batch)
+    except (ValueError, RuntimeError, IndexError) as e:
+        return e
+    return None
+
+
+def _seeded(target: Target, config: Any) -> nn.Module:
+    """The model, its weights drawn after torch.manual_seed(MODEL_SEED)."""
+    torch.manual_seed(MODEL_SEED)
+    return getattr(transformers, target.model_class)(config)
+
+
+def failure(stage: str, error: BaseException) -> dict[str, Any]:
+    """A stage's error: its first line and the traceback's last lines."""
+    lines = traceback.format_exc().strip().splitlines()
+    return {"stage": stage, "error": first_line(error), "trace": "\n".join(lines[-TRACE_LINES:])}
+
+
+def judged(runs: dict[str, Record]) -> dict[str, Any]:
+    """The zoo's verdicts on the neuron runs."""
+    cpu = runs["cpu"]
+    found: dict[str, Any] = {}
+    for mode in NEURON_MODES:
+        if mode not in runs:
+            continue
+        run = runs[mode]
+        found[mode] = (
+            compiled_verdict(run, cpu, runs.get(AOT_EAGER))
+            if mode == "compiled"
+            else against_cpu(run, cpu)
+        )
+        if run.trace:
+            found[mode]["trace"] = run.trace
+    if "eager" in runs and "adaptive" in runs:
+        found["bits"] = bits(runs["adaptive"], runs["eager"])
+    return found
+
+
+def evaluate(target: Target, steps: int, build_only: bool) -> dict[str, Any]:
+    """Every stage of one target, as far as it gets."""
+    result: dict[str, Any] = {"key": target.key, "class": target.model_class}
+    try:
+        model, batch, config = build(target)
+    except Exception as e:  # noqa: BLE001  (the verdict on this target)
+        return result | {"built": False, "failure": failure("build", e)}
+    result["params"] = sum(p.numel() for p in model.parameters())
+    result["traits"] = traits(model, config, batch, target.head)
+    case = Case(target.key, "nn", lambda: model, lambda: batch)
+    runs = {"cpu": run_mode(case, model, batch, "cpu", steps)}
+    if runs["cpu"].error:
+        trace = {"stage": "cpu", "error": runs["cpu"].error, "trace": runs["cpu"].trace}
+        return result | {"built": False, "failure": trace}
+    result["built"] = True
+    if build_only:
+        return result
+    for mode in NEURON_MODES:
+        runs[mode] = run_mode(case, model, batch, mode, steps)
+    if not against_cpu(runs["compiled"], runs["cpu"])["passed"] and not runs["compiled"].error:
+        runs[AOT_EAGER] = run_mode(case, model, batch, AOT_EAGER, steps)
+    result["seconds"] = {mode: round(run.seconds, 2) for mode, run in runs.items()}
+    return result | judged(runs)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Prints the verdict on one target as a JSON line."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("target", help="TYPE:HEAD or TYPE (its primary head)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="SGD steps per mode")
+    parser.add_argument("--build-only", action="store_true", help="build and train on CPU only")
+    args = parser.parse_args(argv)
+    use_in_process_compiles()
+    quiet_transformers()
+    start = time.perf_counter()
+    result = evaluate(find(args.target), args.steps, args.build_only)
+    result["worker_seconds"] = round(time.perf_counter() - start, 2)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
