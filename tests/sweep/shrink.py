@@ -37,7 +37,26 @@ STAGE_WIDTH = 16  # the first stage's width in a hierarchical vision model
 SPECIAL_TOKENS = 32  # the top of the vocabulary is kept for special tokens (ids above VOCAB)
 
 # Argument name -> small value. An argument is shrunk only when its default is larger.
+LAYER_KEYS = (
+    "num_hidden_layers",
+    "num_layers",
+    "n_layer",
+    "n_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "text_layers",
+    "vision_layers",
+    "num_blocks",
+    "depth",
+    "encoder_depth",
+    "decoder_depth",
+)
 SIZES: dict[str, int] = {
+    **dict.fromkeys(LAYER_KEYS, LAYERS),
+    **dict.fromkeys(("attn_layer_period", "expert_layer_period"), 2),  # (Jamba's hybrid)
+    **dict.fromkeys(("attn_layer_offset", "expert_layer_offset"), 1),
     **dict.fromkeys(
         (
             "num_hidden_layers",
@@ -116,7 +135,18 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("mask_time_length", "mask_feature_length"), 2),  # SpecAugment spans
     **dict.fromkeys(("num_groups",), 8),  # GroupNorm groups (BiT)
     **dict.fromkeys(("window_size",), 4),  # windowed attention (Swin: 8 x 8 patches)
-    **dict.fromkeys(("vocab_size", "text_vocab_size", "src_vocab_size", "tgt_vocab_size"), VOCAB),
+    # Layers that reuse an earlier layer's keys and values: none, in two layers of two kinds
+    **dict.fromkeys(("num_kv_shared_layers",), 0),
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "text_vocab_size",
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "vocab_size_per_layer_input",
+        ),
+        VOCAB,
+    ),
     **dict.fromkeys(
         ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"),
         POSITIONS,
@@ -164,6 +194,34 @@ TOKEN_ID_SUFFIXES = ("_token_id", "_token_index", "_token_ids")
 # model_type -> (extra arguments, why the generic rules are not enough).
 OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "bamba": ({"attn_layer_indices": [1]}, "its default has no attention layer at all"),
+    "lfm2_moe": ({"layer_types": ["conv", "full_attention"]}, "its default has no layer types"),
+    "mamba2": ({"num_heads": 8, "n_groups": 1}, "SSM heads x head_dim must be expand x hidden"),
+    "llama4": ({"pad_token_id": 0}, "its model reads the composite config's pad_token_id"),
+    "emu3": ({"pad_token_id": 0}, "its model reads the composite config's pad_token_id"),
+    "gemma4_assistant": (
+        {"hidden_size_per_layer_input": 0},
+        "its default config fails its own check (hidden_size_per_layer_input must be 0)",
+    ),
+    "cohere_compass_text": (
+        {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+        "its rotary embedding reads rope parameters per layer type, which its default leaves empty",
+    ),
+    "cohere_compass": (
+        {
+            "text_config": {
+                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}
+            }
+        },
+        "as cohere_compass_text",
+    ),
+    "fun_asr_nano": (
+        {"adaptor_config": {"intermediate_size": HIDDEN // 4}},
+        "its adaptor's width must be a quarter of the text model's, a relation no rule knows",
+    ),
+    "gradium_phonon_tts": (
+        {"flow_head_config": {"condition_dim": HIDDEN}},
+        "its flow head is conditioned on the backbone's hidden state, under another name",
+    ),
     "esm": (
         {"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32},
         "its default has no vocabulary (a protein alphabet is given by the checkpoint)",
@@ -214,6 +272,10 @@ def _shrunk_value(name: str, default: Any) -> Any:
         return _stage_list(STAGE_LISTS[name], len(default))
     if name in SIZES and _is_int(default) and default > SIZES[name]:
         return SIZES[name]
+    if name in SIZES and stages and name not in STAGE_LISTS:  # one size per layer
+        return [min(v, SIZES[name]) for v in default]
+    if name == "head_dim" and default is None:
+        return HEAD_DIM  # (some attention classes read head_dim even when the config left it None)
     if name in SIZES and default is None and name not in DERIVED:
         return SIZES[name]  # a size the full config leaves to be given (no default)
     if name in ("image_size", "patch_size") and isinstance(default, list | tuple):
@@ -316,12 +378,12 @@ def _per_layer(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, 
     """Per-layer lists (layer_types, mlp_layer_types...) cut to the kept layers, keeping one
     layer of each kind (a hybrid keeps its attention and its linear layers: one more layer
     where two are not enough), and layer indices (attn_layer_indices...) kept within them."""
-    key = next((k for k in SIZES if SIZES[k] == LAYERS and k in kwargs), None)
+    key = next((k for k in LAYER_KEYS if k in kwargs), None)
     if key is None or not _is_int(current.get(key)):
         return {}
     full = current[key]
     lists = {
-        k: v
+        k: kwargs.get(k, v)  # (already shrunk where a size rule applies: one FFN per layer)
         for k, v in current.items()
         if isinstance(v, list) and len(v) == full and k not in STAGE_LISTS and full > 1
     }
@@ -332,6 +394,10 @@ def _per_layer(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, 
             kept = sorted(set(firsts[:4]) | set(range(max(0, kwargs[key] - len(firsts)))))
             break
     small: dict[str, Any] = {k: [v[i] for i in kept] for k, v in lists.items()}
+    if set(small.get("layer_types", ["?"])) == {"linear_attention"}:
+        # A hybrid whose default has no attention layer at all, which transformers' mask code
+        # cannot run: its last layer is made the attention layer its checkpoints have.
+        small["layer_types"][-1] = "full_attention"
     if len(kept) != kwargs[key]:
         small[key] = len(kept)
     layers = len(kept)
@@ -396,14 +462,20 @@ def shrink(
 SPLIT = re.compile(r"split_sizes to sum exactly to (\d+).*split_sizes=\[([\d, ]+)\]")
 
 
+SECTIONS_SAID = re.compile(r"mrope_section.*got \[([\d, ]+)\] for `?\w+`?=(\d+)", re.DOTALL)
+
+
 def mrope_sections(error: Exception) -> list[int] | None:
     """The sections a multimodal rotary embedding must have, from the error of a model whose
     sections (its full-size default) do not add up to its small head: the default's
     proportions, summing to what the head has."""
-    found = SPLIT.search(str(error))
-    if found is None:
+    found, said = SPLIT.search(str(error)), SECTIONS_SAID.search(str(error))
+    if found is not None:
+        total, sections = int(found.group(1)), [int(x) for x in found.group(2).split(",")]
+    elif said is not None:  # a config's own check: "... got [24, 20, 20] for head_dim=16"
+        total, sections = int(said.group(2)) // 2, [int(x) for x in said.group(1).split(",")]
+    else:
         return None
-    total, sections = int(found.group(1)), [int(x) for x in found.group(2).split(",")]
     scaled = [max(1, round(x * total / sum(sections))) for x in sections]
     scaled[-1] += total - sum(scaled)
     return scaled if scaled[-1] > 0 else None

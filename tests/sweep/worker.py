@@ -81,8 +81,8 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
     other by trial forwards on the CPU: a multimodal model's text gets as many image (audio)
     tokens as its features fill, and a multimodal rotary embedding's sections are scaled to
     the small head when the model says they do not add up."""
-    extra: dict[str, Any] = {}
-    config = shrink(getattr(transformers, target.config_class), target.model_type)
+    config_class = getattr(transformers, target.model_class).config_class
+    config = _config(config_class, target.model_type)
     model = _seeded(target, config)
     batch = make_batch(model, target.head, config)
     for _ in range(FIT_TRIES):
@@ -93,11 +93,24 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
             batch = fitted
         elif sections is not None:
             extra = with_rope_sections(config, sections)
-            config = shrink(getattr(transformers, target.config_class), target.model_type, extra)
+            config = shrink(config_class, target.model_type, extra)
             model = _seeded(target, config)
         else:
             break
     return Trained(model), batch, config
+
+
+def _config(config_class: type, model_type: str) -> Any:
+    """The shrunk config; where the config's own checks say a multimodal rotary embedding's
+    sections do not add up to the small head, with sections that do."""
+    try:
+        return shrink(config_class, model_type)
+    except Exception as e:  # (strict config validation errors are not ValueErrors)
+        sections = mrope_sections(e)
+        if sections is None:
+            raise
+        probe = config_class()
+        return shrink(config_class, model_type, with_rope_sections(probe, sections))
 
 
 def _trial(model: nn.Module, batch: dict[str, Any]) -> Exception | None:
