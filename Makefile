@@ -83,7 +83,7 @@ zoo: setup
 # keyed by the commit and the transformers version); op signatures recorded into the sweep's
 # registry, which is then tested whole.
 SWEEP_JOBS ?= 2
-SWEEP_REGISTRY := tests/registry/sweep.jsonl
+SWEEP_REGISTRY := tests/registry/sweep.jsonl.gz
 sweep: setup
 	$(PY) tests/sweep/sweep.py --jobs $(SWEEP_JOBS) --record $(SWEEP_REGISTRY) --report docs/SWEEP.md
 	$(VENV)/bin/trnsim registry test $(SWEEP_REGISTRY)

@@ -9,6 +9,7 @@ existing file adds to its counts.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from trnsim.client.core import env
@@ -129,9 +130,17 @@ class RegistryFileError(ValueError):
     """A registry file that is not one JSON signature per line."""
 
 
+def _open(path: Path, mode: str) -> IO[str]:
+    """The registry file as text; gzip-compressed when its name ends in .gz (a large registry
+    kept in the repository: tests/registry/sweep.jsonl.gz)."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
 def load(path: Path) -> list[Signature]:
     signatures = []
-    with open(path) as f:
+    with _open(path, "r") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -148,8 +157,8 @@ def load(path: Path) -> list[Signature]:
 
 def write(path: Path, signatures: Iterable[Signature]) -> None:
     ordered = sorted(signatures, key=lambda s: (s.op, s.key()))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    tmp = path.with_name(".tmp." + path.name)  # (the same suffix: .gz stays compressed)
+    with _open(tmp, "w") as f:
         f.writelines(json.dumps(sig.to_json(), sort_keys=True) + "\n" for sig in ordered)
     os.replace(tmp, path)
 

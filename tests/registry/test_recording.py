@@ -98,3 +98,14 @@ def test_trnsim_record_help_names_trnsim_record():
         text=True,
     ).stdout
     assert out.startswith("usage: trnsim record") and "NEURON_RECORD_SHAPES" in out
+
+
+def test_a_gzip_registry_records_merges_and_samples_by_op(tmp_path):
+    path = tmp_path / "shapes.jsonl.gz"
+    _record(path, "first")
+    _record(path, "second")
+    assert path.read_bytes()[:2] == b"\x1f\x8b", "written compressed"
+    signatures = load(path)
+    assert signatures and all(s.sources == {"first", "second"} for s in signatures)
+    sample = registry.stratified(signatures, 1)
+    assert sorted(s.op for s in sample) == sorted({s.op for s in signatures})

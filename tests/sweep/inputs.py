@@ -25,6 +25,7 @@ SEED = 5678
 SPECIAL = 32  # ids at the top of the vocabulary are left to special tokens (shrink.py)
 LOW = 3  # and ids below this (pad, bos, eos in most vocabularies)
 GRID = 2  # patches per side of a flattened-patch image (after the spatial merge)
+FEATURE_MASKS = {"input_features_mask", "feature_attention_mask", "input_features_attention_mask"}
 EMBEDS = ("inputs_embeds", "query_embeds", "hidden_states", "input_embeds")
 
 
@@ -100,7 +101,11 @@ def make_batch(model: torch.nn.Module, head: str, config: PretrainedConfig) -> d
     ):
         channels = int(_find(config, "num_channels", "in_channels") or 3)
         side = _side(_find(config, "image_size", "img_size") or 32)
-        batch["pixel_values"] = torch.randn(BATCH, channels, side, side, generator=g)
+        frames = _find(config, "num_frames")
+        shape = (
+            (BATCH, int(frames), channels, side, side) if frames else (BATCH, channels, side, side)
+        )
+        batch["pixel_values"] = torch.randn(shape, generator=g)  # (a video: frames first)
     frames, bins = _find(config, "max_length"), _find(config, "num_mel_bins")
     if "input_values" in params and ids is None and "pixel_values" not in batch:
         if frames and bins:  # a spectrogram (AST)
@@ -112,10 +117,22 @@ def make_batch(model: torch.nn.Module, head: str, config: PretrainedConfig) -> d
         positions = _find(config, "max_source_positions")
         frames = 2 * int(positions) if positions else 64
         batch["input_features"] = torch.randn(BATCH, bins, frames, generator=g)
+        for mask in (FEATURE_MASKS | {"attention_mask"}) & set(params):  # every frame is speech
+            batch[mask] = torch.ones(BATCH, frames, dtype=torch.long)
     if "bbox" in params and ids is not None:  # layout models: a box per token
         corner = torch.randint(0, 500, (BATCH, SEQ, 2), generator=g)
         size = torch.randint(1, 500, (BATCH, SEQ, 2), generator=g)
         batch["bbox"] = torch.cat([corner, corner + size], dim=-1)
+    if "past_values" in params:
+        batch.update(_series(config, params, g))
+    if "states" in params and "actions" in params:
+        batch.update(_trajectory(config, g))
+    for name in params:  # a second text input (a Q-Former's prompt...): ids every vocabulary has
+        if name.endswith("_input_ids") and _required(params, name):
+            batch[name] = torch.randint(LOW, 100, (BATCH, SEQ), generator=g)
+            mask = name.replace("input_ids", "attention_mask")
+            if mask in params:
+                batch[mask] = torch.ones(BATCH, SEQ, dtype=torch.long)
     if "grid_thw" in params or "image_grid_thw" in params:
         batch.update(_patches(config, g, params))
     if not batch:
@@ -123,6 +140,9 @@ def make_batch(model: torch.nn.Module, head: str, config: PretrainedConfig) -> d
         embeds = next((n for n in EMBEDS if n in params), None)
         if embeds and hidden:
             batch[embeds] = torch.randn(BATCH, SEQ, int(hidden), generator=g)
+    width = _find(config, "encoder_hidden_size")
+    if "encoder_hidden_states" in params and width and batch:  # what cross-attention attends to
+        batch["encoder_hidden_states"] = torch.randn(BATCH, SEQ, int(width), generator=g)
     if not batch:
         raise InputError(f"no input the generator knows among {', '.join(list(params)[:8])}")
     if seq2seq and not getattr(config, "is_encoder_decoder", True) and ids is not None:
@@ -144,6 +164,45 @@ def make_batch(model: torch.nn.Module, head: str, config: PretrainedConfig) -> d
     if missing:
         raise InputError(f"required input(s) the generator cannot make: {', '.join(missing)}")
     return batch
+
+
+def _series(config: PretrainedConfig, params: Any, g: torch.Generator) -> dict[str, Any]:
+    """A time series: past values (with the lags the model reads before its context), their
+    observed mask and time features, and the future values a training step predicts."""
+    horizon = int(getattr(config, "prediction_length", None) or 4)
+    context = int(getattr(config, "context_length", None) or horizon)
+    lags = getattr(config, "lags_sequence", None) or [0]
+    length = context + max(lags)
+    channels = getattr(config, "num_input_channels", None)
+    shape: tuple[int, ...] = (BATCH, length, int(channels)) if channels else (BATCH, length)
+    future: tuple[int, ...] = (BATCH, horizon, int(channels)) if channels else (BATCH, horizon)
+    features = int(getattr(config, "num_time_features", 0) or 0)
+    series: dict[str, Any] = {"past_values": torch.randn(shape, generator=g)}
+    extras = {
+        "past_observed_mask": torch.ones(shape),
+        "observed_mask": torch.ones(shape),
+        "past_time_features": torch.randn(BATCH, length, features, generator=g),
+        "future_values": torch.randn(future, generator=g),
+        "future_time_features": torch.randn(BATCH, horizon, features, generator=g),
+        "past_values_padding": torch.zeros(shape),
+        "freq": torch.zeros(BATCH, 1, dtype=torch.long),
+    }
+    series.update({k: v for k, v in extras.items() if k in params})
+    return series
+
+
+def _trajectory(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """An offline RL trajectory (Decision Transformer): states, actions, rewards, returns to
+    go and time steps."""
+    state, act = int(getattr(config, "state_dim", 4)), int(getattr(config, "act_dim", 2))
+    return {
+        "states": torch.randn(BATCH, SEQ, state, generator=g),
+        "actions": torch.randn(BATCH, SEQ, act, generator=g),
+        "rewards": torch.randn(BATCH, SEQ, 1, generator=g),
+        "returns_to_go": torch.randn(BATCH, SEQ, 1, generator=g),
+        "timesteps": torch.arange(SEQ).repeat(BATCH, 1),
+        "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long),
+    }
 
 
 def _patches(config: PretrainedConfig, g: torch.Generator, params: Any) -> dict[str, Any]:
@@ -174,6 +233,15 @@ def _required(params: Any, name: str) -> bool:
 
 MISMATCH = re.compile(r"tokens do not match\D*?(\d+)\D+?(\d+)", re.IGNORECASE)
 TOKEN_IDS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index")
+
+
+def time_major(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with its log-mel features (frames, bins) instead of (bins, frames), and their
+    masks as long as the frames."""
+    features = batch["input_features"].transpose(1, 2)
+    masks = (FEATURE_MASKS | {"attention_mask"}) & set(batch)
+    ones = torch.ones(BATCH, features.shape[1], dtype=torch.long)
+    return dict(batch, input_features=features, **dict.fromkeys(masks, ones))
 
 
 def fit_modality_tokens(

@@ -132,6 +132,12 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), HEAD_DIM // 2),
     **dict.fromkeys(("v_head_dim",), HEAD_DIM),
     **dict.fromkeys(("max_length",), 64),  # audio spectrogram frames (AST)
+    # Time series: the horizon predicted and the context read (None in the defaults: given
+    # by the dataset)
+    **dict.fromkeys(("prediction_length",), 4),
+    **dict.fromkeys(("num_frames",), 4),  # a video's frames
+    **dict.fromkeys(("context_length",), 16),
+    **dict.fromkeys(("patch_length", "patch_stride"), 4),
     **dict.fromkeys(("mask_time_length", "mask_feature_length"), 2),  # SpecAugment spans
     **dict.fromkeys(("num_groups",), 8),  # GroupNorm groups (BiT)
     **dict.fromkeys(("window_size",), 4),  # windowed attention (Swin: 8 x 8 patches)

@@ -28,7 +28,7 @@ import torch
 import transformers
 from cases import Case
 from catalog import Target, targets
-from inputs import fit_modality_tokens, make_batch
+from inputs import fit_modality_tokens, make_batch, time_major
 from neuron_helpers import first_line, quiet_transformers, use_in_process_compiles
 from shrink import mrope_sections, shrink, with_rope_sections
 from tensors import floating_tensors
@@ -80,17 +80,22 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
     """The seeded model (wrapped with its loss), its batch and its config, fitted to each
     other by trial forwards on the CPU: a multimodal model's text gets as many image (audio)
     tokens as its features fill, and a multimodal rotary embedding's sections are scaled to
-    the small head when the model says they do not add up."""
+    the small head when the model says they do not add up; log-mel features go time-major
+    (frames, bins) where the model does not take them bins-first as Whisper does."""
     config_class = getattr(transformers, target.model_class).config_class
     config = _config(config_class, target.model_type)
     model = _seeded(target, config)
     batch = make_batch(model, target.head, config)
+    transposed = False
     for _ in range(FIT_TRIES):
         error = _trial(model, batch)
         fitted = None if error is None else fit_modality_tokens(model, batch, config, error)
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
             batch = fitted
+        elif error is not None and "input_features" in batch and not transposed:
+            batch = time_major(batch)
+            transposed = True
         elif sections is not None:
             extra = with_rope_sections(config, sections)
             config = shrink(config_class, target.model_type, extra)
