@@ -3,7 +3,8 @@
 Text gets token ids below the small vocabulary's special tokens, images get pixels of the
 config's size and channels, audio a waveform or log-mel features of the length the config
 implies; labels are made for the head (next tokens, masked tokens, classes, CTC characters,
-answer spans). A multimodal LM is fed its text alone (its vision tower is built, not run).
+answer spans). A multimodal LM gets images and its text (build() in worker.py fits the
+number of image tokens to the features), or its text alone where images cannot be fitted.
 Everything comes from one seeded CPU generator.
 """
 
@@ -25,6 +26,7 @@ SEED = 5678
 SPECIAL = 32  # ids at the top of the vocabulary are left to special tokens (shrink.py)
 LOW = 3  # and ids below this (pad, bos, eos in most vocabularies)
 GRID = 2  # patches per side of a flattened-patch image (after the spatial merge)
+MULTIMODAL = ("image_text_to_text", "multimodal_lm")  # text with images in it
 FEATURE_MASKS = {"input_features_mask", "feature_attention_mask", "input_features_attention_mask"}
 EMBEDS = ("inputs_embeds", "query_embeds", "hidden_states", "input_embeds")
 
@@ -80,16 +82,21 @@ def _labels(head: str, ids: torch.Tensor | None, classes: int, g: torch.Generato
     return {}
 
 
-def make_batch(model: torch.nn.Module, head: str, config: PretrainedConfig) -> dict[str, Any]:
-    """The keyword arguments of one training step of the model."""
+def make_batch(
+    model: torch.nn.Module, head: str, config: PretrainedConfig, text_only: bool = False
+) -> dict[str, Any]:
+    """The keyword arguments of one training step of the model (a multimodal LM's text
+    alone, with text_only)."""
     g = torch.Generator().manual_seed(SEED)
     params = inspect.signature(model.forward).parameters
     vocab = int(_find(config, "vocab_size") or 1024)
     batch: dict[str, Any] = {}
     ids = None
-    seq2seq = head in ("seq2seq_lm", "speech_seq2seq")
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    seq2seq = head in ("seq2seq_lm", "speech_seq2seq") or (head in MULTIMODAL and encoder_decoder)
     audio_in = "input_values" in params or "input_features" in params
-    image_in = "pixel_values" in params and head not in ("image_text_to_text", "multimodal_lm")
+    multimodal = head in MULTIMODAL
+    image_in = "pixel_values" in params and not (multimodal and text_only)
     text_in = not (audio_in and head in ("ctc", "speech_seq2seq"))
     if "input_ids" in params and text_in and not (image_in and head == "image_classification"):
         ids = _ids(g, vocab, (BATCH, SEQ))
@@ -97,7 +104,8 @@ def make_batch(model: torch.nn.Module, head: str, config: PretrainedConfig) -> d
         if "attention_mask" in params:
             batch["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
     if "pixel_values" in params and (
-        (image_in and (ids is None or head == "model")) or _required(params, "pixel_values")
+        (image_in and (ids is None or head == "model" or multimodal))
+        or _required(params, "pixel_values")
     ):
         channels = int(_find(config, "num_channels", "in_channels") or 3)
         side = _side(_find(config, "image_size", "img_size") or 32)

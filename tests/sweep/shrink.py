@@ -136,6 +136,8 @@ SIZES: dict[str, int] = {
     # by the dataset)
     **dict.fromkeys(("prediction_length",), 4),
     **dict.fromkeys(("num_frames",), 4),  # a video's frames
+    **dict.fromkeys(("num_queries",), 8),  # a detector's object queries (its top-k of anchors)
+    **dict.fromkeys(("encoder_hidden_dim",), 32),  # a detector's hybrid encoder (RT-DETR)
     **dict.fromkeys(("context_length",), 16),
     **dict.fromkeys(("patch_length", "patch_stride"), 4),
     **dict.fromkeys(("mask_time_length", "mask_feature_length"), 2),  # SpecAugment spans
@@ -335,6 +337,7 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     kwargs.update({k: v for k, v in OFFLINE.items() if current.get(k) is True})
     kwargs.update(_rotary_dim(current, kwargs))
     kwargs.update(_per_layer(current, kwargs))
+    kwargs.update(_chained_stages(current, kwargs))
     kwargs.update(_backbone_outputs(current, kwargs))
     if current.get("is_encoder_decoder") and current.get("decoder_start_token_id") is None:
         # Needed to shift labels right; checkpoints carry it in their generation config.
@@ -354,7 +357,51 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
         small = {**_customised(part), **shrunk_arguments(part)}
         if small:  # (a part left as it is stays the object the config made)
             kwargs[name] = {"model_type": part.model_type, **small}
+    kwargs.update(_encoder_inputs(current, parts, kwargs))
     return kwargs
+
+
+def _chained_stages(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Stage widths given as in, mid and out lists (HGNetV2): each stage reads what the one
+    before wrote, the first what the stem wrote."""
+    outs = current.get("stage_out_channels")
+    if not isinstance(outs, list) or not all(_is_int(c) for c in outs):
+        return {}
+    widths = _stage_list("width", len(outs))
+    stem = current.get("stem_channels")
+    first = stem[-1] if isinstance(stem, list) and stem else widths[0]
+    small: dict[str, Any] = {
+        "stage_out_channels": widths,
+        "stage_in_channels": [first, *widths[:-1]],
+        "stage_mid_channels": [max(8, w // 2) for w in widths],
+    }
+    if isinstance(current.get("hidden_sizes"), list):
+        small["hidden_sizes"] = widths
+    if isinstance(current.get("stage_numb_of_layers"), list):
+        small["stage_numb_of_layers"] = [2] * len(outs)
+    return small
+
+
+def _encoder_inputs(
+    current: Mapping[str, Any], parts: Mapping[str, PretrainedConfig], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """A detector's encoder input widths: the widths its (shrunk) backbone's output stages
+    now have."""
+    small: dict[str, Any] = {}
+    decoder_in = current.get("decoder_in_channels")
+    if isinstance(decoder_in, list) and "encoder_hidden_dim" in kwargs:  # what the encoder wrote
+        small["decoder_in_channels"] = [kwargs["encoder_hidden_dim"]] * len(decoder_in)
+    wanted = current.get("encoder_in_channels")
+    backbone = kwargs.get("backbone_config")
+    if not isinstance(wanted, list) or not isinstance(backbone, Mapping):
+        return small
+    widths = backbone.get("stage_out_channels") or backbone.get("hidden_sizes")
+    part = parts.get("backbone_config")
+    indices = backbone.get("out_indices") or getattr(part, "out_indices", None)
+    if not isinstance(widths, list) or not indices:
+        return small
+    channels = [widths[i - 1] for i in indices if 0 < i <= len(widths)]
+    return small | ({"encoder_in_channels": channels[-len(wanted) :]} if channels else {})
 
 
 def _resnet_backbone(timm_part: PretrainedConfig) -> dict[str, Any]:

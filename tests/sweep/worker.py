@@ -28,7 +28,7 @@ import torch
 import transformers
 from cases import Case
 from catalog import Target, targets
-from inputs import fit_modality_tokens, make_batch, time_major
+from inputs import MULTIMODAL, fit_modality_tokens, make_batch, time_major
 from neuron_helpers import first_line, quiet_transformers, use_in_process_compiles
 from shrink import mrope_sections, shrink, with_rope_sections
 from tensors import floating_tensors
@@ -102,6 +102,10 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
             model = _seeded(target, config)
         else:
             break
+    if target.head in MULTIMODAL and "pixel_values" in batch and _trial(model, batch) is not None:
+        text = make_batch(model, target.head, config, text_only=True)
+        if _trial(model, text) is None:  # (images that cannot be fitted: the text path alone)
+            batch = text
     return Trained(model), batch, config
 
 
