@@ -118,6 +118,8 @@ def make_batch(
     if "input_values" in params and ids is None and "pixel_values" not in batch:
         if frames and bins:  # a spectrogram (AST)
             batch["input_values"] = torch.randn(BATCH, int(frames), int(bins), generator=g)
+        elif channels := _find(config, "audio_channels"):  # a codec: (batch, channels, samples)
+            batch["input_values"] = torch.randn(BATCH, int(channels), WAVEFORM, generator=g)
         else:
             batch["input_values"] = torch.randn(BATCH, WAVEFORM, generator=g)
     elif "input_features" in params and ids is None and "pixel_values" not in batch:

@@ -68,14 +68,15 @@ def _percent(n: int, of: int) -> str:
     return f"{n} ({100 * n / of:.1f} %)" if of else f"{n}"
 
 
-def summary(results: list[dict[str, Any]]) -> str:
-    """How many were attempted, built, and passed in each mode."""
+def summary(results: list[dict[str, Any]], total: int | None = None) -> str:
+    """How many were attempted (of total, the targets of the run), built, and passed in each
+    mode."""
     full = [r for r in results if not r.get("build_only")]
     built = [r for r in full if r.get("built")]
-    lines = [
-        f"attempted: {len(full)} model types",
-        f"built: {_percent(len(built), len(full))}",
-    ]
+    lines = [f"attempted: {len(full)} model types"]
+    if total is not None and total > len(full):
+        lines[0] += f" of {total} (the other {total - len(full)} not run yet: the sweep resumes)"
+    lines.append(f"built: {_percent(len(built), len(full))}")
     for mode in MODES:
         label = "adaptive (and bit-identical to eager)" if mode == "adaptive" else mode
         passed = sum(mode_passed(r, mode) for r in built)
@@ -126,9 +127,11 @@ def _row(result: dict[str, Any]) -> str:
     )
 
 
-def write_report(results: list[dict[str, Any]], path: Path | None, label: str) -> str:
+def write_report(
+    results: list[dict[str, Any]], path: Path | None, label: str, total: int | None = None
+) -> str:
     """The summary; with a path, the whole report written there."""
-    text = summary(results)
+    text = summary(results, total)
     if path is None:
         return text
     classes = Counter(error_class(r) for r in results if error_class(r))

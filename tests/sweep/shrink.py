@@ -92,6 +92,7 @@ SIZES: dict[str, int] = {
             "decoder_hidden_size",
             "proj_dim",
             "codebook_dim",
+            "reassemble_hidden_size",  # a DPT neck reads the backbone's width under this name
             "out_hidden_size",
         ),
         HIDDEN,
@@ -462,15 +463,17 @@ def _per_layer(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, 
 
 
 def _backbone_outputs(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """A backbone's output stages within its fewer layers: the last ones, as many as fit."""
+    """A backbone's output stages within its fewer layers: as many outputs as before (a
+    neck reads one per stage), with as many layers as that takes."""
     indices = current.get("out_indices")
     layers = kwargs.get("num_hidden_layers")
     if not isinstance(indices, list | tuple) or not _is_int(layers):
         return {}
     if all(_is_int(i) and i <= layers for i in indices):
         return {}
+    layers = max(layers, len(indices))
     kept = list(range(1, layers + 1))[-len(indices) :]
-    return {"out_indices": kept, "out_features": None}
+    return {"out_indices": kept, "out_features": None, "num_hidden_layers": layers}
 
 
 def _kv_heads(current: Mapping[str, Any]) -> dict[str, int]:

@@ -17,6 +17,7 @@ summary from every cached result of the run's targets.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -167,7 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         print("\n".join(t.key for t in chosen))
         return 0
-    todo = [t for t in chosen if needs_run(cached(args.cache, t), args)]
+    # In a fixed pseudo-random order, so that a sweep stopped part way has sampled the whole
+    # catalogue, not its first letters.
+    todo = sorted(
+        (t for t in chosen if needs_run(cached(args.cache, t), args)),
+        key=lambda t: hashlib.sha256(t.key.encode()).hexdigest(),
+    )
     print(
         f"sweep: {len(chosen)} targets, {len(chosen) - len(todo)} cached in {args.cache}, "
         f"{len(todo)} to run, {args.jobs} at a time",
@@ -189,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
     results = [r for r in (cached(args.cache, t) for t in chosen) if r is not None]
-    summary = write_report(results, Path(args.report) if args.report else None, args.cache.name)
+    report = Path(args.report) if args.report else None
+    summary = write_report(results, report, args.cache.name, len(chosen))
     print(summary)
     return 0
 
