@@ -74,9 +74,11 @@ bench: setup
 	NEURON_COMPILE_DAEMON=off $(PY) benchmarks/modes.py
 
 # Every zoo model (tests/zoo) trained on CPU, neuron eager and neuron adaptive, one process per
-# model, two at a time: a table of eager and adaptive against CPU and adaptive against eager.
+# model, two at a time: a table of eager and adaptive against CPU and adaptive against eager;
+# then the transformers sweep's representative set (every trait the sweep saw, docs/SWEEP.md).
 zoo: setup
 	$(PY) tests/zoo/zoo.py
+	$(PY) tests/sweep/sweep.py --representative --rerun --strict
 
 # Every model type of the installed transformers, shrunk and trained in every mode (docs/SWEEP.md,
 # docs/validation.md): sharded over SWEEP_JOBS processes, resumable (results cached per target,

@@ -10,6 +10,7 @@ from typing import Any
 
 MODES = ("eager", "adaptive", "compiled")
 MESSAGE = 90  # characters of an error kept in its class
+REPRESENTATIVE = Path(__file__).with_name("representative.txt")
 
 
 def mode_passed(result: dict[str, Any], mode: str) -> bool:
@@ -170,4 +171,16 @@ def write_report(
         "",
     ]
     path.write_text("\n".join(lines))
+    REPRESENTATIVE.write_text(
+        "# The sweep's representative set (written by the report; `make zoo` runs it)\n"
+        + "".join(f"{r['key']}\n" for r in chosen)
+    )
     return text
+
+
+def representative_keys() -> list[str]:
+    """The targets of the representative set the last report chose."""
+    if not REPRESENTATIVE.exists():
+        return []
+    lines = REPRESENTATIVE.read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]

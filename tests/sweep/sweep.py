@@ -35,7 +35,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "zoo")]
 import transformers
 from catalog import Target, targets
 from pool import run_worker
-from report import all_passed, cell, write_report
+from report import all_passed, cell, representative_keys, write_report
 
 WORKER = HERE / "worker.py"
 JOBS = 2
@@ -113,7 +113,11 @@ def shard(chosen: list[Target], spec: str | None) -> list[Target]:
 
 def select(args: argparse.Namespace) -> list[Target]:
     """The targets named (by type or key), or all of them; then the shard."""
-    every = targets(all_heads=args.all_heads or bool(args.keys))
+    every = targets(all_heads=args.all_heads or bool(args.keys) or args.representative)
+    if args.representative:
+        args.keys = [*args.keys, *representative_keys()]
+        if not args.keys:
+            raise SystemExit("no representative set yet: `make sweep` chooses it (--report)")
     if args.keys:
         wanted = set(args.keys)
         primary = {t.model_type: t for t in reversed(targets())}
@@ -156,6 +160,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--record", metavar="FILE", help="record op signatures into this registry")
     parser.add_argument("--report", metavar="FILE", help="write the table (e.g. docs/SWEEP.md)")
     parser.add_argument("--list", action="store_true", help="print the targets and exit")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 unless every target passed in every mode"
+    )
+    parser.add_argument(
+        "--representative",
+        action="store_true",
+        help="the representative set the last report chose (tests/sweep/representative.txt)",
+    )
     args = parser.parse_args(argv)
     args.cache = args.cache or default_cache()
     return args
@@ -198,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Path(args.report) if args.report else None
     summary = write_report(results, report, args.cache.name, len(chosen))
     print(summary)
+    if args.strict and not all(all_passed(r) for r in results):
+        failed = [r["key"] for r in results if not all_passed(r)]
+        print(f"not passing: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
