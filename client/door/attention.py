@@ -30,12 +30,13 @@ def _choice(
     causal: bool,
     **kw: float | bool | None,
 ) -> int:
-    """The backend the CPU would choose: asked of the device's own tensors (their host
-    memory is the CPU's), or of CPU stand-ins of the same geometry while tracing (fake and
-    functional tensors would get the Meta kernel's answer, which is always math)."""
+    """The backend the CPU would choose, asked of CPU stand-ins of the same geometry that
+    require gradients where the inputs do. (Not of the device's own tensors: the CPU kernel
+    of `_fused_sdp_choice` would see their host aliases, which never require gradients, and
+    a mask that does must go to math, flash attention having no gradient for it: BEiT's
+    relative position bias. Nor of fake and functional tensors while tracing: they would get
+    the Meta kernel's answer, which is always math.)"""
     choose = torch.ops.aten._fused_sdp_choice.default
-    if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor:
-        return int(choose(q, k, v, mask, dropout_p, causal, **kw))
     with _disable_current_modes():
         try:
             stand = [_stand_in(t) for t in (q, k, v)]
@@ -47,10 +48,12 @@ def _choice(
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor of t's geometry over memory that is never touched (a symbolic size at
-    the value it was traced with, without a guard that would specialise it)."""
+    the value it was traced with, without a guard that would specialise it), requiring
+    gradients where t does."""
     shape = [_hint(s) for s in t.shape]
     stride = [_hint(s) for s in t.stride()]
-    return torch.empty_strided(shape, stride, dtype=t.dtype, device="cpu")
+    grad = t.requires_grad and (t.is_floating_point() or t.is_complex())
+    return torch.empty_strided(shape, stride, dtype=t.dtype, device="cpu", requires_grad=grad)
 
 
 def _hint(size: torch.SymInt | int) -> int:

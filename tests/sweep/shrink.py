@@ -1,5 +1,5 @@
-"""The generic config shrinker: any transformers config class, cut to a model of a few hundred
-thousand parameters that keeps its architecture.
+"""The generic config shrinker: any transformers config class, cut to a model of typically a
+few hundred thousand parameters (a few million at most) that keeps its architecture.
 
 The shrinker reads the config class's own constructor: each argument whose name says what it
 sizes (layers, width, heads, experts, vocabulary, image...) and whose default is a number (or
