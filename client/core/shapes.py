@@ -10,6 +10,7 @@ existing file adds to its counts.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import os
@@ -134,7 +135,7 @@ def _open(path: Path, mode: str) -> IO[str]:
     """The registry file as text; gzip-compressed when its name ends in .gz (a large registry
     kept in the repository: tests/registry/sweep.jsonl.gz)."""
     if path.name.endswith(".gz"):
-        return gzip.open(path, mode + "t", encoding="utf-8")
+        return io.TextIOWrapper(gzip.GzipFile(path, mode), encoding="utf-8")
     return open(path, mode, encoding="utf-8")
 
 
