@@ -42,15 +42,29 @@ def error_class(result: dict[str, Any]) -> str:
     if not result.get("built"):
         failure = result.get("failure", {})
         return f"{failure.get('stage', 'build')}: {_normalised(failure.get('error', '?'))}"
+    aot = result.get("aot_eager_vs_cpu") or {}
     for mode in MODES:
         verdict = result.get(mode) or {}
         if verdict.get("error"):
+            if mode == "compiled" and aot.get("error"):
+                return f"compiled: PyTorch's aot_eager fails on the CPU too ({_normalised(aot['error'])})"
             return f"{mode}: {_normalised(verdict['error'].split(': ', 1)[-1])}"
         if not verdict.get("passed") and verdict:
-            return f"{mode}: {verdict.get('worst_tensor')} beyond tolerance"
+            worst = f"{mode}: {_kind(verdict.get('worst_tensor'))} beyond tolerance"
+            if (aot.get("worst_ratio") or 0) > 1:
+                return f"{worst}; ill-conditioned: aot_eager is {aot['worst_ratio']:.0e}x tolerance from CPU eager"
+            return worst
     if not (result.get("bits") or {}).get("equal", True):
         return "adaptive != eager"
     return ""
+
+
+def _kind(name: str | None) -> str:
+    """A recorded tensor's kind and the last part of its name (grad/...norm.bias)."""
+    if not name:
+        return "?"
+    kind, _, rest = name.partition("/")
+    return f"{kind}/…{rest[-40:]}" if len(rest) > 40 else name
 
 
 def cell(result: dict[str, Any]) -> str:
@@ -83,6 +97,13 @@ def summary(results: list[dict[str, Any]], total: int | None = None) -> str:
         passed = sum(mode_passed(r, mode) for r in built)
         lines.append(f"{label}: {_percent(passed, len(built))} of the built pass")
     lines.append(f"all three modes: {_percent(sum(map(all_passed, built)), len(built))} of built")
+    classes = [error_class(r) for r in built if not all_passed(r)]
+    own = sum("PyTorch's aot_eager fails" in c for c in classes)
+    ill = sum("ill-conditioned" in c for c in classes)
+    lines.append(
+        f"of the {len(classes)} built that fail: {own} where PyTorch's torch.compile fails on the "
+        f"CPU too, {ill} ill-conditioned (PyTorch's aot_eager itself out of tolerance of CPU eager)"
+    )
     return "\n".join(lines)
 
 
