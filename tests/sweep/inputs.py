@@ -115,14 +115,19 @@ def make_batch(
         )
         batch["pixel_values"] = torch.randn(shape, generator=g)  # (a video: frames first)
     frames, bins = _find(config, "max_length"), _find(config, "num_mel_bins")
-    if "input_values" in params and ids is None and "pixel_values" not in batch:
+    alone = ids is None and "pixel_values" not in batch  # audio is what the model reads
+    if "input_values" in params and (alone or _required(params, "input_values")):
         if frames and bins:  # a spectrogram (AST)
             batch["input_values"] = torch.randn(BATCH, int(frames), int(bins), generator=g)
         elif channels := _find(config, "audio_channels"):  # a codec: (batch, channels, samples)
             batch["input_values"] = torch.randn(BATCH, int(channels), WAVEFORM, generator=g)
         else:
             batch["input_values"] = torch.randn(BATCH, WAVEFORM, generator=g)
-    elif "input_features" in params and ids is None and "pixel_values" not in batch:
+    if "input_features" in params and (
+        (alone and "input_values" not in batch)
+        or _required(params, "input_features")
+        or (seq2seq and "pixel_values" not in batch)
+    ):
         bins = int(_find(config, "num_mel_bins", "feature_size", "input_feat_per_channel") or 16)
         positions = _find(config, "max_source_positions")
         frames = 2 * int(positions) if positions else 64

@@ -203,6 +203,7 @@ TOKEN_ID_SUFFIXES = ("_token_id", "_token_index", "_token_ids")
 # model_type -> (extra arguments, why the generic rules are not enough).
 OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "bamba": ({"attn_layer_indices": [1]}, "its default has no attention layer at all"),
+    "xmod": ({"default_language": "en_XX"}, "its adapters need a language; checkpoints set one"),
     "lfm2_moe": ({"layer_types": ["conv", "full_attention"]}, "its default has no layer types"),
     "mamba2": ({"num_heads": 8, "n_groups": 1}, "SSM heads x head_dim must be expand x hidden"),
     "llama4": ({"pad_token_id": 0}, "its model reads the composite config's pad_token_id"),
