@@ -114,6 +114,10 @@ def make_batch(
             (BATCH, int(frames), channels, side, side) if frames else (BATCH, channels, side, side)
         )
         batch["pixel_values"] = torch.randn(shape, generator=g)  # (a video: frames first)
+        patch = _find(config, "patch_size")
+        for name in ("target_sizes", "tgt_sizes") if isinstance(patch, int) else ():
+            if name in params:  # each image's grid of patches (height, width)
+                batch[name] = torch.tensor([[side // patch] * 2] * BATCH)
     frames, bins = _find(config, "max_length"), _find(config, "num_mel_bins")
     alone = ids is None and "pixel_values" not in batch  # audio is what the model reads
     if "input_values" in params and (alone or _required(params, "input_values")):
