@@ -31,9 +31,7 @@ def _attention(model: nn.Module, config: Any) -> set[str]:
             if k.out_features == q.out_features:
                 found.add("attention:mha")
             elif q.out_features % k.out_features == 0:
-                heads = getattr(module, "num_heads", None) or getattr(
-                    config, "num_attention_heads", 0
-                )
+                heads = getattr(module, "num_heads", None) or _value(config, "num_attention_heads")
                 ratio = q.out_features // k.out_features
                 found.add("attention:mqa" if heads and ratio == heads else "attention:gqa")
         names = {name.lower() for name in children}
@@ -73,7 +71,17 @@ def _attention(model: nn.Module, config: Any) -> set[str]:
 def _config_values(config: Any, *names: str) -> list[Any]:
     """The values of names on the config and its parts that are set."""
     parts = [config] + [v for v in vars(config).values() if hasattr(v, "model_type")]
-    return [getattr(p, n) for p in parts for n in names if getattr(p, n, None) is not None]
+    values = [_value(p, n) for p in parts for n in names]
+    return [v for v in values if v is not None]
+
+
+def _value(config: Any, name: str) -> Any:
+    """config.name, or None where it is unset or refused (a per-layer attribute of a
+    heterogeneous config raises rather than give one value for every layer)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001  (transformers' AmbiguousGlobalPerLayerAttributeError)
+        return None
 
 
 def _positions(model: nn.Module, config: Any) -> set[str]:

@@ -183,7 +183,10 @@ def evaluate(target: Target, steps: int, build_only: bool) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001  (the verdict on this target)
         return result | {"built": False, "failure": failure("build", e)}
     result["params"] = sum(p.numel() for p in model.parameters())
-    result["traits"] = traits(model, config, batch, target.head)
+    try:
+        result["traits"] = traits(model, config, batch, target.head)
+    except Exception as e:  # noqa: BLE001  (traits are a description: the runs go on without)
+        result["traits"], result["traits_error"] = [], first_line(e)
     case = Case(target.key, "nn", lambda: model, lambda: batch)
     runs = {"cpu": run_mode(case, model, batch, "cpu", steps)}
     if runs["cpu"].error:
