@@ -195,6 +195,10 @@ LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids")
 OFFLINE = {"use_pretrained_backbone": False, "use_timm_backbone": False}
 # Randomness that the CPU reference and the device draw in different orders.
 ZEROED = ("drop_path_rate", "layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+# Dropout: a model's own dropout (DeBERTa's XDropout: bernoulli_ on the device) draws from the
+# device's generator where the CPU reference draws from the CPU's, so its masks differ and the
+# runs cannot be compared; F.dropout's masks are the CPU's, and the zoo covers them.
+DROPOUT = ("dropout", "pdrop", "drop_prob")
 # Values a config derives from its sizes when they are not given.
 DERIVED = ("head_dim", "layer_types", "num_key_value_heads", "transformers_version")
 MODALITY_TOKENS = ("image_token_id", "image_token_index")
@@ -275,7 +279,8 @@ def _is_int(value: Any) -> bool:
 
 def _shrunk_value(name: str, default: Any) -> Any:
     """The small value of one argument, or the default when the rules leave it."""
-    if name in ZEROED and isinstance(default, float | int) and not isinstance(default, bool):
+    random = name in ZEROED or any(part in name for part in DROPOUT)
+    if random and isinstance(default, float | int) and not isinstance(default, bool) and default:
         return 0.0
     stages = isinstance(default, list | tuple) and default and all(_is_int(v) for v in default)
     if name in STAGE_LISTS and stages:
