@@ -5,7 +5,8 @@ mode, judged as the zoo judges; results cached per target; docs/SWEEP.md written
     .venv/bin/python tests/sweep/sweep.py [KEY ...] [--jobs 2] [--shard I/N] [--all-heads]
         [--build-only] [--timeout 420] [--record FILE] [--report docs/SWEEP.md] [--list]
 
---failed runs again what did not pass (after a fix), --rerun everything.
+--failed runs again only the cached targets that did not pass (after a fix), --rerun
+everything.
 KEY is TYPE or TYPE:HEAD (default: every type's primary head; --all-heads: every head the
 input generator knows). Each target runs in its own process (worker.py); a crash or a hang is
 its result. Results are kept in --cache (default ~/.cache/trnsim-sweep/COMMIT-tfVERSION/, one
@@ -132,10 +133,12 @@ def select(args: argparse.Namespace) -> list[Target]:
 
 def needs_run(result: dict[str, Any] | None, args: argparse.Namespace) -> bool:
     """A target runs unless cached (a build-only result does not stand for a full run)."""
+    if args.failed:  # (only what ran and did not pass)
+        return result is not None and not (
+            result.get("built") if args.build_only else all_passed(result)
+        )
     if result is None or args.rerun:
         return True
-    if args.failed:
-        return not (result.get("built") if args.build_only else all_passed(result))
     return bool(result.get("build_only")) and not args.build_only
 
 
