@@ -191,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"sweep: {len(chosen)} targets, {len(chosen) - len(todo)} cached in {args.cache}, "
-        f"{len(todo)} to run, {args.jobs} at a time",
+        f"{len(todo)} to run{' again (they did not pass)' if args.failed else ''}, "
+        f"{args.jobs} at a time",
         file=sys.stderr,
         flush=True,
     )
