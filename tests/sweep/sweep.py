@@ -164,6 +164,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--report", metavar="FILE", help="write the table (e.g. docs/SWEEP.md)")
     parser.add_argument("--list", action="store_true", help="print the targets and exit")
     parser.add_argument(
+        "--report-only", action="store_true", help="run nothing: summarise (and --report) the cache"
+    )
+    parser.add_argument(
         "--strict", action="store_true", help="exit 1 unless every target passed in every mode"
     )
     parser.add_argument(
@@ -186,11 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # In a fixed pseudo-random order, so that a sweep stopped part way has sampled the whole
     # catalogue, not its first letters.
     todo = sorted(
-        (t for t in chosen if needs_run(cached(args.cache, t), args)),
+        (t for t in chosen if needs_run(cached(args.cache, t), args) and not args.report_only),
         key=lambda t: hashlib.sha256(t.key.encode()).hexdigest(),
     )
     print(
-        f"sweep: {len(chosen)} targets, {len(chosen) - len(todo)} cached in {args.cache}, "
+        f"sweep: {len(chosen)} targets, {sum(cached(args.cache, t) is not None for t in chosen)}"
+        f" cached in {args.cache}, "
         f"{len(todo)} to run{' again (they did not pass)' if args.failed else ''}, "
         f"{args.jobs} at a time",
         file=sys.stderr,
