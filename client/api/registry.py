@@ -5,9 +5,10 @@ to a file, and op-level tests generated from it (TorchNeuron stages its validati
     trnsim registry test ops.jsonl [--mode eager,adaptive] [--ops add,mm] [--per-op K]
     trnsim registry stats ops.jsonl
 
-Recording is client/core/shapes.py (a FILE ending in .gz is read and written compressed). A test builds random inputs of exactly a signature (integer
-tensors within the smallest dimension of the op's float tensors, so that indices are valid)
-and compares the device with the CPU in each mode.
+Recording is client/core/shapes.py (a FILE ending in .gz is read and written compressed). A
+test builds random inputs of exactly a signature (integer tensors within the smallest
+dimension of the op's float tensors, so that indices are valid) and compares the device with
+the CPU in each mode.
 """
 
 from __future__ import annotations
