@@ -8,7 +8,9 @@ import inspect
 import torch
 from trnsim.client.core import runtime
 
-W = torch.randn(16, 8)
+# (13 columns: no other test's op has these shapes, so each compile counted here is this
+# test's, whatever ran before in the process; the sweep's registry tests run first)
+W = torch.randn(16, 13)
 # Seven token counts in buckets 4, 8 and 16 make the size dynamic; later ones in those buckets
 # compile nothing (a new bucket, 32, compiles once).
 FIRST = [5, 9, 3, 12, 7, 6, 10]
@@ -80,7 +82,7 @@ def test_explain_names_the_line_and_its_buckets():
     rows = [r for r in report.op_buckets if r["where"] == where]
     assert {r["op"] for r in rows} >= {"aten::mm.default"}
     mm = next(r for r in rows if r["op"] == "aten::mm.default")
-    assert mm["dynamic"].startswith("tensor 0 dim 0") and "(64, 16) (16, 8)" in mm["buckets"]
+    assert mm["dynamic"].startswith("tensor 0 dim 0") and "(64, 16) (16, 13)" in mm["buckets"]
     assert mm["signatures"] == 2  # (45 and 47: the six before compiled at their own sizes)
     assert "eager shape buckets" in str(report) and where in str(report)
     assert runtime.get().dynamic_sizes.buckets.bound(47) == 64
