@@ -59,25 +59,6 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("attn_layer_offset", "expert_layer_offset"), 1),
     **dict.fromkeys(
         (
-            "num_hidden_layers",
-            "num_layers",
-            "n_layer",
-            "n_layers",
-            "encoder_layers",
-            "decoder_layers",
-            "num_encoder_layers",
-            "num_decoder_layers",
-            "text_layers",
-            "vision_layers",
-            "num_blocks",
-            "depth",
-            "encoder_depth",
-            "decoder_depth",
-        ),
-        LAYERS,
-    ),
-    **dict.fromkeys(
-        (
             "hidden_size",
             "d_model",
             "n_embd",
