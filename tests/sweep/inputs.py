@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 SEQ = 16
 DECODER_SEQ = 8
 BATCH = 2
+HIDDEN = 64  # (a width the config does not name: the shrinker's hidden size)
 WAVEFORM = 1600
 CTC_LABELS = 6
 SEED = 5678
@@ -28,6 +29,7 @@ LOW = 3  # and ids below this (pad, bos, eos in most vocabularies)
 GRID = 2  # patches per side of a flattened-patch image (after the spatial merge)
 MULTIMODAL = ("image_text_to_text", "multimodal_lm")  # text with images in it
 FEATURE_MASKS = {"input_features_mask", "feature_attention_mask", "input_features_attention_mask"}
+VISION_TOWERS = ("vision_tower", "vision_model", "vision_encoder")
 EMBEDS = ("inputs_embeds", "query_embeds", "hidden_states", "input_embeds")
 
 
@@ -118,6 +120,8 @@ def make_batch(
         for name in ("target_sizes", "tgt_sizes") if isinstance(patch, int) else ():
             if name in params:  # each image's grid of patches (height, width)
                 batch[name] = torch.tensor([[side // patch] * 2] * BATCH)
+        if "image_sizes" in params and not frames and _reads_image_sizes(model, config):
+            batch["image_sizes"] = torch.tensor([[side, side]] * BATCH)  # (pixels)
     frames, bins = _find(config, "max_length"), _find(config, "num_mel_bins")
     alone = ids is None and "pixel_values" not in batch  # audio is what the model reads
     if "input_values" in params and (alone or _required(params, "input_values")):
@@ -136,7 +140,7 @@ def make_batch(
         positions = _find(config, "max_source_positions")
         frames = 2 * int(positions) if positions else 64
         batch["input_features"] = torch.randn(BATCH, bins, frames, generator=g)
-        for mask in (FEATURE_MASKS | {"attention_mask"}) & set(params):  # every frame is speech
+        for mask in _feature_masks(batch, params):  # every frame is speech
             batch[mask] = torch.ones(BATCH, frames, dtype=torch.long)
     if "bbox" in params and ids is not None:  # layout models: a box per token
         corner = torch.randint(0, 500, (BATCH, SEQ, 2), generator=g)
@@ -154,6 +158,22 @@ def make_batch(
                 batch[mask] = torch.ones(BATCH, SEQ, dtype=torch.long)
     if "grid_thw" in params or "image_grid_thw" in params:
         batch.update(_patches(config, g, params))
+    if "pixel_values_videos" in params and (not batch or _required(params, "pixel_values_videos")):
+        batch["pixel_values_videos"] = _video(config, g)
+    if "spatial_shapes" in params and "pixel_attention_mask" in params:
+        batch.update(_flat_patches(config, g))
+    if "latents" in params and not batch:  # a codec's decoder: (batch, latent width, frames)
+        width = int(_find(config, "latent_dim", "hidden_size") or HIDDEN)
+        batch["latents"] = torch.randn(BATCH, width, SEQ // 2, generator=g)
+    if "actions" in params and "states" not in params:  # a robot policy: the actions to learn
+        chunk, act = _find(config, "chunk_size"), _find(config, "max_action_dim")
+        batch["actions"] = torch.randn(BATCH, int(chunk or 4), int(act or 8), generator=g)
+        if "state" in params:
+            state = int(_find(config, "max_state_dim") or 8)
+            batch["state"] = torch.randn(BATCH, state, generator=g)
+        if "pixel_attention_mask" in params and "pixel_values" in batch:  # one camera each
+            batch["pixel_values"] = batch["pixel_values"].unsqueeze(1)
+            batch["pixel_attention_mask"] = torch.ones(BATCH, 1, dtype=torch.bool)
     if not batch:
         hidden = _find(config, "hidden_size", "d_model")
         embeds = next((n for n in EMBEDS if n in params), None)
@@ -228,7 +248,7 @@ def _patches(config: PretrainedConfig, g: torch.Generator, params: Any) -> dict[
     """Flattened patches and their (t, h, w) grid, as Qwen2-VL-style vision encoders take
     them: one image of GRID x GRID patches."""
     patch = int(_find(config, "patch_size") or 14)
-    temporal = int(_find(config, "temporal_patch_size") or 1)
+    temporal = int(_find(config, "temporal_patch_size", "patch_temporal") or 1)
     channels = int(_find(config, "in_channels", "num_channels", "in_chans") or 3)
     merge = int(_find(config, "spatial_merge_size") or 1)
     side = GRID * merge
@@ -237,6 +257,37 @@ def _patches(config: PretrainedConfig, g: torch.Generator, params: Any) -> dict[
     return {
         pixels: torch.randn(side * side, channels * temporal * patch * patch, generator=g),
         grid_name: torch.tensor([[1, side, side]]),
+    }
+
+
+def _reads_image_sizes(model: torch.nn.Module, config: PretrainedConfig) -> bool:
+    """Whether the model reads each image's size: its vision encoder does (Pixtral's), or it
+    tiles images of any resolution (LLaVA-NeXT's anyres)."""
+    if _find(config, "image_grid_pinpoints"):
+        return True
+    towers = (m for name, m in model.named_modules() if name.endswith(VISION_TOWERS))
+    return any("image_sizes" in inspect.signature(m.forward).parameters for m in towers)
+
+
+def _video(config: PretrainedConfig, g: torch.Generator) -> torch.Tensor:
+    """A batch of videos: (batch, frames, channels, height, width)."""
+    channels = int(_find(config, "num_channels", "in_channels") or 3)
+    side = _side(_find(config, "image_size", "img_size") or 32)
+    frames = int(_find(config, "num_frames") or 4)
+    return torch.randn(BATCH, frames, channels, side, side, generator=g)
+
+
+def _flat_patches(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """Images as rows of flattened patches with each image's grid and a mask of real patches
+    (NaFlex: SigLIP 2's variable resolution), every patch real."""
+    patch = int(_find(config, "patch_size") or 16)
+    channels = int(_find(config, "num_channels") or 3)
+    side = int(_find(config, "num_patches") or 16) ** 0.5
+    grid = max(2, int(side) // 2)
+    return {
+        "pixel_values": torch.randn(BATCH, grid * grid, channels * patch * patch, generator=g),
+        "pixel_attention_mask": torch.ones(BATCH, grid * grid, dtype=torch.long),
+        "spatial_shapes": torch.tensor([[grid, grid]] * BATCH),
     }
 
 
@@ -258,9 +309,7 @@ def time_major(batch: dict[str, Any]) -> dict[str, Any]:
     """The batch with its log-mel features (frames, bins) instead of (bins, frames), and their
     masks as long as the frames."""
     features = batch["input_features"].transpose(1, 2)
-    masks = (FEATURE_MASKS | {"attention_mask"}) & set(batch)
-    ones = torch.ones(BATCH, features.shape[1], dtype=torch.long)
-    return dict(batch, input_features=features, **dict.fromkeys(masks, ones))
+    return _with_masks(batch, features, features.shape[1])
 
 
 def fit_modality_tokens(
@@ -303,3 +352,87 @@ def _with_tokens(batch: dict[str, Any], token: int, features: int) -> dict[str, 
     if "labels" in batch and batch["labels"].shape == ids.shape:
         fitted["labels"] = fitted["input_ids"].masked_fill(fitted["input_ids"] == token, -100)
     return fitted
+
+
+LENGTH_IS = re.compile(r"of length (\d+), but found (\d+)")
+MULTIPLE = (  # "... a multiple of `n_window * 2` (100), but got 128"; "length N is not a multiple of M"
+    re.compile(r"multiple of[^()]*\((\d+)\), but got (\d+)"),
+    re.compile(r"length (\d+) is not a multiple of (\d+)"),
+)
+MASK_DTYPE = "Expected attn_mask dtype to be bool or float"
+NORMALIZED = re.compile(
+    r"normalized_shape=\[(\d+)\], expected input with shape \[\*, \d+\], but got"
+)
+
+
+def fit_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: a batch whose audio is as long as the model
+    says it must be (log-mel features padded to 3000 frames as Whisper's feature extractor
+    pads them, or a waveform cut to a multiple of a codec's frame), or without an attention
+    mask the model wants as a float (an encoder's own additive mask, which its full model
+    makes from the features' mask); else None."""
+    message = str(error)
+    if MASK_DTYPE in message and "attention_mask" in batch and "input_ids" not in batch:
+        return {k: v for k, v in batch.items() if k != "attention_mask"}
+    name = next((n for n in ("input_features", "input_values") if n in batch), None)
+    exact, multiple = LENGTH_IS.search(message), MULTIPLE[0].search(message)
+    other = MULTIPLE[1].search(message)
+    if name is None:
+        return None
+    if exact is not None:
+        wanted, found = int(exact.group(1)), int(exact.group(2))
+    elif multiple is not None or other is not None:
+        step, found = (
+            (int(multiple.group(1)), int(multiple.group(2)))
+            if multiple is not None
+            else (int(other.group(2)), int(other.group(1)))  # type: ignore[union-attr]
+        )
+        wanted = -(-found // step) * step
+    else:
+        return None
+    values = batch[name]
+    dims = [d for d in range(1, values.dim()) if values.shape[d] == found]
+    if not dims:
+        return None
+    return _with_length(batch, name, dims[-1], wanted)
+
+
+def fit_features_width(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: time-major features as wide as the layer norm
+    that first reads them (Wav2Vec2-BERT's stacked frames); else None."""
+    found = NORMALIZED.search(str(error))
+    if found is None or "input_features" not in batch:
+        return None
+    width = int(found.group(1))
+    if batch["input_features"].shape[-1] == width:
+        return None
+    g = torch.Generator().manual_seed(SEED)
+    return _with_masks(batch, torch.randn(BATCH, SEQ * 4, width, generator=g), SEQ * 4)
+
+
+def _with_length(batch: dict[str, Any], name: str, dim: int, length: int) -> dict[str, Any]:
+    """The batch with its audio (name) `length` long in dimension dim: repeated to length."""
+    values = batch[name]
+    times = -(-length // values.shape[dim])
+    longer = values.repeat(*[times if d == dim else 1 for d in range(values.dim())])
+    longer = longer.narrow(dim, 0, length).contiguous()
+    return (
+        _with_masks(batch, longer, length, name)
+        if name == "input_features"
+        else {**batch, name: longer}
+    )
+
+
+def _with_masks(
+    batch: dict[str, Any], features: torch.Tensor, frames: int, name: str = "input_features"
+) -> dict[str, Any]:
+    """The batch with these features, and their masks `frames` long (every frame is speech)."""
+    ones = torch.ones(BATCH, frames, dtype=torch.long)
+    return {**batch, name: features, **dict.fromkeys(_feature_masks(batch, batch), ones)}
+
+
+def _feature_masks(batch: dict[str, Any], names: Any) -> set[str]:
+    """The masks among names that cover audio frames: attention_mask too where there is no
+    text (whose mask it is otherwise)."""
+    audio_only = "input_ids" not in batch
+    return (FEATURE_MASKS | ({"attention_mask"} if audio_only else set())) & set(names)

@@ -34,6 +34,7 @@ PATCH = 8
 EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 STAGE_WIDTH = 16  # the first stage's width in a hierarchical vision model
+SLIDING = 8  # a sliding window left to the checkpoint: half the sweep's text
 SPECIAL_TOKENS = 32  # the top of the vocabulary is kept for special tokens (ids above VOCAB)
 
 # Argument name -> small value. An argument is shrunk only when its default is larger.
@@ -75,6 +76,10 @@ SIZES: dict[str, int] = {
             "codebook_dim",
             "reassemble_hidden_size",  # a DPT neck reads the backbone's width under this name
             "out_hidden_size",
+            "audio_hidden_size",  # a speech LM's head reads its audio encoder's width
+            "condition_dim",  # a TTS flow head conditioned on its backbone's hidden state
+            "vector_quantization_hidden_dimension",  # (Mimi: its codebooks are this wide)
+            "backbone_hidden_size",  # a speech LM's depth decoder reads its backbone's width
         ),
         HIDDEN,
     ),
@@ -125,6 +130,8 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("mask_time_length", "mask_feature_length"), 2),  # SpecAugment spans
     **dict.fromkeys(("num_groups",), 8),  # GroupNorm groups (BiT)
     **dict.fromkeys(("window_size",), 4),  # windowed attention (Swin: 8 x 8 patches)
+    **dict.fromkeys(("num_filters",), 8),  # an audio codec's first convolution (doubling after)
+    **dict.fromkeys(("num_windows",), 4),  # windows per image, a square (LW-DETR's ViT)
     # Layers that reuse an earlier layer's keys and values: none, in two layers of two kinds
     **dict.fromkeys(("num_kv_shared_layers",), 0),
     **dict.fromkeys(
@@ -212,10 +219,6 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "fun_asr_nano": (
         {"adaptor_config": {"intermediate_size": HIDDEN // 4}},
         "its adaptor's width must be a quarter of the text model's, a relation no rule knows",
-    ),
-    "gradium_phonon_tts": (
-        {"flow_head_config": {"condition_dim": HIDDEN}},
-        "its flow head is conditioned on the backbone's hidden state, under another name",
     ),
     "esm": (
         {"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32},
@@ -320,6 +323,13 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
         if small is not value and small != value:
             kwargs[name] = small
     kwargs.update(_kv_heads(current))
+    kwargs.update(_pixel_window(current, kwargs))
+    kwargs.update(_stage_windows(current, kwargs))
+    kwargs.update(_depthwise_groups(current, kwargs))
+    if current.get("sliding_window", 0) is None and isinstance(current.get("layer_types"), list):
+        # A window left to the checkpoint, which only layers of the sliding type read.
+        kwargs["sliding_window"] = SLIDING
+    kwargs.update(_feature_layers(current))
     if isinstance(current.get("depths"), list) and _is_int(current.get("embed_dim")):
         kwargs["embed_dim"] = STAGE_WIDTH  # a hierarchy of stages doubles it at each stage
     kwargs.update({k: v for k, v in OFFLINE.items() if current.get(k) is True})
@@ -463,10 +473,61 @@ def _backbone_outputs(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> 
     return {"out_indices": kept, "out_features": None, "num_hidden_layers": layers}
 
 
+def _pixel_window(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, int]:
+    """A window measured in pixels (Qwen2.5-VL's: 112 = 8 patches of 14) rather than in
+    patches: as many of the small patches. (A window in patches is a few patches wide: Swin's
+    7, or 8 of 4 pixels.)"""
+    window, patch = current.get("window_size"), current.get("patch_size")
+    if not (_is_int(window) and _is_int(patch)) or patch < 2 or window < 4 * patch:
+        return {}
+    if window % patch:
+        return {}
+    return {"window_size": kwargs.get("patch_size", patch) * (window // patch)}
+
+
+def _stage_windows(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, int]:
+    """A hierarchy of windowed stages (Swin), each half the last one's resolution: windows of
+    2 x 2 patches and an image big enough that the last stage still fills one, as 224-pixel
+    images fill Swin's 7 x 7 windows at its last stage. (A stage smaller than its window
+    shrinks the window but not its relative position table.)"""
+    depths, window = current.get("depths"), current.get("window_size")
+    patch = kwargs.get("patch_size", current.get("patch_size"))
+    image = current.get("image_size")
+    if not (isinstance(depths, list) and depths and _is_int(window) and _is_int(patch)):
+        return {}
+    if not _is_int(image):
+        return {}
+    return {"window_size": 2, "image_size": patch * 2 ** (len(depths) - 1) * 2}
+
+
+def _depthwise_groups(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, int]:
+    """Convolution groups as many as the channels (a depthwise convolution: Mimi's upsampling,
+    512 groups of a 512-wide model) stay as many as the now fewer channels."""
+    hidden = current.get("hidden_size")
+    if not _is_int(hidden) or "hidden_size" not in kwargs:
+        return {}
+    return {
+        name: kwargs["hidden_size"]
+        for name, value in current.items()
+        if name.endswith("_groups") and _is_int(value) and value == hidden
+    }
+
+
+def _feature_layers(current: Mapping[str, Any]) -> dict[str, Any]:
+    """The vision layers a multimodal model reads features from (counted from the first),
+    kept within the small vision encoder's layers."""
+    layers = current.get("vision_feature_layer")
+    if not isinstance(layers, list) or not all(_is_int(i) and i >= LAYERS for i in layers):
+        return {}
+    return {"vision_feature_layer": [LAYERS - 1 - i for i in range(len(layers))]}
+
+
 def _kv_heads(current: Mapping[str, Any]) -> dict[str, int]:
     """Key/value heads as the full config has them: as many as the query heads, one (multi-
     query), or a group of them (grouped-query)."""
     kv, heads = current.get("num_key_value_heads"), current.get("num_attention_heads")
+    if kv is None and "num_key_value_heads" in current and _is_int(heads):
+        return {"num_key_value_heads": HEADS}  # (left None by a config that never derives it)
     if not _is_int(kv) or not _is_int(heads):
         return {}
     return {"num_key_value_heads": HEADS if kv == heads else 1 if kv == 1 else KV_HEADS}

@@ -28,7 +28,14 @@ import torch
 import transformers
 from cases import Case
 from catalog import Target, targets
-from inputs import MULTIMODAL, fit_modality_tokens, make_batch, time_major
+from inputs import (
+    MULTIMODAL,
+    fit_features_width,
+    fit_length,
+    fit_modality_tokens,
+    make_batch,
+    time_major,
+)
 from neuron_helpers import first_line, quiet_transformers, use_in_process_compiles
 from shrink import mrope_sections, shrink, with_rope_sections
 from tensors import floating_tensors
@@ -41,7 +48,7 @@ STEPS = 3
 MODEL_SEED = 1234
 NEURON_MODES = ("eager", "adaptive", "compiled")
 TRACE_LINES = 12
-FIT_TRIES = 3
+FIT_TRIES = 6
 ONE_CHANNEL = "to have 1 channels"  # a conv front-end that wants (batch, 1, samples)
 
 
@@ -84,7 +91,8 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
     other by trial forwards on the CPU: a multimodal model's text gets as many image (audio)
     tokens as its features fill, and a multimodal rotary embedding's sections are scaled to
     the small head when the model says they do not add up; log-mel features go time-major
-    (frames, bins) where the model does not take them bins-first as Whisper does."""
+    (frames, bins) where the model does not take them bins-first as Whisper does, and audio
+    gets the length (or the frame width) the model says it needs."""
     config_class = getattr(transformers, target.model_class).config_class
     config = _config(config_class, target.model_type)
     model = _seeded(target, config)
@@ -92,7 +100,13 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
     transposed = False
     for _ in range(FIT_TRIES):
         error = _trial(model, batch)
-        fitted = None if error is None else fit_modality_tokens(model, batch, config, error)
+        fitted = None
+        if error is not None:
+            fitted = (
+                fit_modality_tokens(model, batch, config, error)
+                or fit_length(batch, error)
+                or fit_features_width(batch, error)
+            )
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
             batch = fitted
