@@ -359,6 +359,8 @@ MULTIPLE = (  # "... a multiple of `n_window * 2` (100), but got 128"; "length N
     re.compile(r"multiple of[^()]*\((\d+)\), but got (\d+)"),
     re.compile(r"length (\d+) is not a multiple of (\d+)"),
 )
+SHORT = "Kernel size can't be greater than actual input size"
+FLAT_PATCHES = "Expected 3D (unbatched) or 4D (batched) input to conv2d"
 MASK_DTYPE = "Expected attn_mask dtype to be bool or float"
 NORMALIZED = re.compile(
     r"normalized_shape=\[(\d+)\], expected input with shape \[\*, \d+\], but got"
@@ -379,6 +381,9 @@ def fit_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None
     other = MULTIPLE[1].search(message)
     if name is None:
         return None
+    if SHORT in message and name == "input_values":  # (a codec's convolutions stride it down)
+        values = batch[name]
+        return _with_length(batch, name, values.dim() - 1, values.shape[-1] * 4)
     if exact is not None:
         wanted, found = int(exact.group(1)), int(exact.group(2))
     elif multiple is not None or other is not None:
@@ -408,6 +413,21 @@ def fit_features_width(batch: dict[str, Any], error: Exception) -> dict[str, Any
         return None
     g = torch.Generator().manual_seed(SEED)
     return _with_masks(batch, torch.randn(BATCH, SEQ * 4, width, generator=g), SEQ * 4)
+
+
+def fit_patch_images(
+    config: PretrainedConfig, batch: dict[str, Any], error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: flattened patches as small images (patches,
+    channels, patch, patch), where the model's patch embedding is a 2-D convolution (Kimi's
+    vision tower); else None."""
+    pixels = batch.get("pixel_values")
+    patch = _find(config, "patch_size")
+    if FLAT_PATCHES not in str(error) or not isinstance(pixels, torch.Tensor) or pixels.dim() != 2:
+        return None
+    if not _is_id(patch) or pixels.shape[1] % (patch * patch):
+        return None
+    return dict(batch, pixel_values=pixels.view(len(pixels), -1, patch, patch))
 
 
 def _with_length(batch: dict[str, Any], name: str, dim: int, length: int) -> dict[str, Any]:

@@ -34,6 +34,7 @@ PATCH = 8
 EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 STAGE_WIDTH = 16  # the first stage's width in a hierarchical vision model
+CODEC_WIDTH = 128  # an audio codec's widest convolution (its last down-sampling stage)
 SLIDING = 8  # a sliding window left to the checkpoint: half the sweep's text
 SPECIAL_TOKENS = 32  # the top of the vocabulary is kept for special tokens (ids above VOCAB)
 
@@ -130,7 +131,6 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("mask_time_length", "mask_feature_length"), 2),  # SpecAugment spans
     **dict.fromkeys(("num_groups",), 8),  # GroupNorm groups (BiT)
     **dict.fromkeys(("window_size",), 4),  # windowed attention (Swin: 8 x 8 patches)
-    **dict.fromkeys(("num_filters",), 8),  # an audio codec's first convolution (doubling after)
     **dict.fromkeys(("num_windows",), 4),  # windows per image, a square (LW-DETR's ViT)
     # Layers that reuse an earlier layer's keys and values: none, in two layers of two kinds
     **dict.fromkeys(("num_kv_shared_layers",), 0),
@@ -231,6 +231,24 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
             "and clamps to clip_qkv, whose default (None) torch.clamp refuses"
         ),
     ),
+    "cvt": (
+        {"depth": [1, 2, 3]},
+        "stage i reads rate i of its own depth[i] drop-path rates, so it needs i + 1 layers",
+    ),
+    "align": (
+        {
+            "projection_dim": 80,
+            "vision_config": {
+                "width_coefficient": 0.25,
+                "depth_coefficient": 0.25,
+                "hidden_dim": 320,
+            },
+        },
+        (
+            "its EfficientNet is B7 as efficientnet's is (below), and its text projection must be "
+            "as wide as the image embedding, EfficientNet's last width (80 at this width)"
+        ),
+    ),
     "efficientnet": (
         {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
         "its default is EfficientNet-B7 (width x2, depth x3.1); hidden_dim follows the width",
@@ -326,6 +344,7 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     kwargs.update(_pixel_window(current, kwargs))
     kwargs.update(_stage_windows(current, kwargs))
     kwargs.update(_depthwise_groups(current, kwargs))
+    kwargs.update(_codec_widths(current))
     if current.get("sliding_window", 0) is None and isinstance(current.get("layer_types"), list):
         # A window left to the checkpoint, which only layers of the sliding type read.
         kwargs["sliding_window"] = SLIDING
@@ -510,6 +529,20 @@ def _depthwise_groups(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> 
         name: kwargs["hidden_size"]
         for name, value in current.items()
         if name.endswith("_groups") and _is_int(value) and value == hidden
+    }
+
+
+def _codec_widths(current: Mapping[str, Any]) -> dict[str, int]:
+    """An audio codec's first convolution width, which doubles at each down-sampling stage:
+    small enough that the last stage is CODEC_WIDTH wide."""
+    ratios = current.get("downsampling_ratios") or current.get("upsampling_ratios")
+    if not isinstance(ratios, list | tuple) or not ratios:
+        return {}
+    base = max(1, CODEC_WIDTH // 2 ** len(ratios))
+    return {
+        name: base
+        for name in ("num_filters", "encoder_hidden_size")
+        if _is_int(current.get(name)) and current[name] > base
     }
 
 

@@ -33,6 +33,7 @@ from inputs import (
     fit_features_width,
     fit_length,
     fit_modality_tokens,
+    fit_patch_images,
     make_batch,
     time_major,
 )
@@ -49,7 +50,8 @@ MODEL_SEED = 1234
 NEURON_MODES = ("eager", "adaptive", "compiled")
 TRACE_LINES = 12
 FIT_TRIES = 6
-ONE_CHANNEL = "to have 1 channels"  # a conv front-end that wants (batch, 1, samples)
+# A conv front-end (or a codec's own check) that wants (batch, 1, samples)
+ONE_CHANNEL = ("to have 1 channels", "Audio must be mono")
 
 
 class Trained(nn.Module):
@@ -106,11 +108,12 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
                 fit_modality_tokens(model, batch, config, error)
                 or fit_length(batch, error)
                 or fit_features_width(batch, error)
+                or fit_patch_images(config, batch, error)
             )
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
             batch = fitted
-        elif error is not None and ONE_CHANNEL in str(error) and _waveform(batch):
+        elif error is not None and _waveform(batch) and any(m in str(error) for m in ONE_CHANNEL):
             batch = dict(batch, input_values=batch["input_values"].unsqueeze(1))  # (b, 1, samples)
         elif error is not None and "input_features" in batch and not transposed:
             batch = time_major(batch)
