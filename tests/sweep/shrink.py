@@ -178,7 +178,7 @@ STAGE_LISTS: dict[str, str] = {
     "tdnn_dim": "flat",
 }
 TIMM = ("timm_backbone", "timm_wrapper")
-LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids")
+LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids", "_attn_indexes")
 # Offline: never a pretrained backbone from the hub, never timm's (not installed).
 OFFLINE = {"use_pretrained_backbone": False, "use_timm_backbone": False}
 # Randomness that the CPU reference and the device draw in different orders.
