@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 SEQ = 16
 DECODER_SEQ = 8
 BATCH = 2
+MAX_SIDE = 256  # (images grown for a network that leaves them nothing at its last stage)
 HIDDEN = 64  # (a width the config does not name: the shrinker's hidden size)
 WAVEFORM = 1600
 CTC_LABELS = 6
@@ -428,6 +429,31 @@ def fit_patch_images(
     if not _is_id(patch) or pixels.shape[1] % (patch * patch):
         return None
     return dict(batch, pixel_values=pixels.view(len(pixels), -1, patch, patch))
+
+
+UNPACK = re.compile(r"not enough values to unpack \(expected (\d+), got (\d+)\)")
+PAIRS = "Input must be a 5D tensor of shape (batch_size, 2,"
+TOO_SMALL = ("Given input with spatial size", "Output size is too small", "too small to be scaled")
+
+
+def fit_images(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: images as the model says it reads them, else
+    None. Each item as a list of one image (a video of one frame) where the model unpacks
+    one more dimension than the images have; a pair of images per item (keypoint matching);
+    images twice as large where the last stage of a convolutional network is left with
+    nothing."""
+    pixels = batch.get("pixel_values")
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4:
+        return None
+    message = str(error)
+    unpack = UNPACK.search(message)
+    if unpack is not None and int(unpack.group(1)) == int(unpack.group(2)) + 1:
+        return dict(batch, pixel_values=pixels.unsqueeze(1))
+    if PAIRS in message:
+        return dict(batch, pixel_values=torch.stack([pixels, pixels.flip(0)], dim=1))
+    if any(m in message for m in TOO_SMALL) and pixels.shape[-1] < MAX_SIDE:
+        return dict(batch, pixel_values=pixels.repeat(1, 1, 2, 2))
+    return None
 
 
 def _with_length(batch: dict[str, Any], name: str, dim: int, length: int) -> dict[str, Any]:

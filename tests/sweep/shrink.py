@@ -249,6 +249,10 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
             "as wide as the image embedding, EfficientNet's last width (80 at this width)"
         ),
     ),
+    "vitmatte": (
+        {"fusion_hidden_sizes": [64, 32, 16, 8]},
+        "its default is a tuple, which its model prepends a list to (a transformers bug)",
+    ),
     "efficientnet": (
         {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
         "its default is EfficientNet-B7 (width x2, depth x3.1); hidden_dim follows the width",
@@ -345,6 +349,10 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     kwargs.update(_stage_windows(current, kwargs))
     kwargs.update(_depthwise_groups(current, kwargs))
     kwargs.update(_codec_widths(current))
+    outs, hidden = current.get("out_features"), current.get("hidden_size")
+    stages = isinstance(outs, list) and outs and all(_is_int(v) for v in outs)
+    if stages and hidden == outs[-1] and "hidden_size" in kwargs:  # (its last stage's width)
+        kwargs["out_features"] = [min(v, kwargs["hidden_size"]) for v in outs]
     if current.get("sliding_window", 0) is None and isinstance(current.get("layer_types"), list):
         # A window left to the checkpoint, which only layers of the sliding type read.
         kwargs["sliding_window"] = SLIDING

@@ -31,6 +31,7 @@ from catalog import Target, targets
 from inputs import (
     MULTIMODAL,
     fit_features_width,
+    fit_images,
     fit_length,
     fit_modality_tokens,
     fit_patch_images,
@@ -109,6 +110,7 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
                 or fit_length(batch, error)
                 or fit_features_width(batch, error)
                 or fit_patch_images(config, batch, error)
+                or fit_images(batch, error)
             )
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
