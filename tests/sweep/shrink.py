@@ -253,6 +253,14 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"fusion_hidden_sizes": [64, 32, 16, 8]},
         "its default is a tuple, which its model prepends a list to (a transformers bug)",
     ),
+    "qwen2_5_omni_thinker": (
+        {"vision_start_token_id": VOCAB - SPECIAL_TOKENS},
+        "its model reads vision_start_token_id, which only the composite Qwen2.5-Omni config sets",
+    ),
+    "qwen3_omni_moe_thinker": (
+        {"vision_start_token_id": VOCAB - SPECIAL_TOKENS},
+        "as qwen2_5_omni_thinker",
+    ),
     "efficientnet": (
         {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
         "its default is EfficientNet-B7 (width x2, depth x3.1); hidden_dim follows the width",
