@@ -456,6 +456,31 @@ def fit_images(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None
     return None
 
 
+CODEBOOKS = re.compile(r"shape '\[-1, (\d+), (\d+)\]' is invalid for input of size")
+
+
+def fit_codebooks(
+    config: PretrainedConfig, batch: dict[str, Any], error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: text of one row per codebook (MusicGen's
+    decoder reads (batch x codebooks, length) ids, and its labels are (batch, length,
+    codebooks)), where the model says so; else None."""
+    found = CODEBOOKS.search(str(error))
+    books = _find(config, "num_codebooks")
+    ids = batch.get("input_ids")
+    if found is None or not _is_id(books) or int(found.group(1)) != books or ids is None:
+        return None
+    if ids.shape[0] != BATCH:
+        return None
+    rows = ids.repeat_interleave(books, dim=0)
+    fitted = dict(batch, input_ids=rows)
+    if "attention_mask" in batch:
+        fitted["attention_mask"] = torch.ones(BATCH, ids.shape[1], dtype=torch.long)
+    if "labels" in batch:
+        fitted["labels"] = rows.view(BATCH, books, -1).transpose(1, 2).contiguous()
+    return fitted
+
+
 def _with_length(batch: dict[str, Any], name: str, dim: int, length: int) -> dict[str, Any]:
     """The batch with its audio (name) `length` long in dimension dim: repeated to length."""
     values = batch[name]

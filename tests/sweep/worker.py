@@ -30,6 +30,7 @@ from cases import Case
 from catalog import Target, targets
 from inputs import (
     MULTIMODAL,
+    fit_codebooks,
     fit_features_width,
     fit_images,
     fit_length,
@@ -111,6 +112,7 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
                 or fit_features_width(batch, error)
                 or fit_patch_images(config, batch, error)
                 or fit_images(batch, error)
+                or fit_codebooks(config, batch, error)
             )
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
