@@ -452,8 +452,16 @@ def fit_images(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None
     if PAIRS in message:
         return dict(batch, pixel_values=torch.stack([pixels, pixels.flip(0)], dim=1))
     if any(m in message for m in TOO_SMALL) and pixels.shape[-1] < MAX_SIDE:
-        return dict(batch, pixel_values=pixels.repeat(1, 1, 2, 2))
+        return larger_images(batch)
     return None
+
+
+def larger_images(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with images twice as high and wide (new random pixels)."""
+    pixels = batch["pixel_values"]
+    g = torch.Generator().manual_seed(SEED)
+    shape = (*pixels.shape[:-2], pixels.shape[-2] * 2, pixels.shape[-1] * 2)
+    return dict(batch, pixel_values=torch.randn(shape, generator=g))
 
 
 CODEBOOKS = re.compile(r"shape '\[-1, (\d+), (\d+)\]' is invalid for input of size")

@@ -29,6 +29,7 @@ import transformers
 from cases import Case
 from catalog import Target, targets
 from inputs import (
+    MAX_SIDE,
     MULTIMODAL,
     fit_codebooks,
     fit_features_width,
@@ -36,6 +37,7 @@ from inputs import (
     fit_length,
     fit_modality_tokens,
     fit_patch_images,
+    larger_images,
     make_batch,
     time_major,
 )
@@ -52,6 +54,7 @@ MODEL_SEED = 1234
 NEURON_MODES = ("eager", "adaptive", "compiled")
 TRACE_LINES = 12
 FIT_TRIES = 6
+BATCH_NORM_VALUES = 16  # the fewest values per channel a BatchNorm of a swept model normalises
 # A conv front-end (or a codec's own check) that wants (batch, 1, samples)
 ONE_CHANNEL = ("to have 1 channels", "Audio must be mono")
 
@@ -128,6 +131,8 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
             model = _seeded(target, config)
         else:
             break
+    while _few_values_normalised(model, batch) and batch["pixel_values"].shape[-1] < MAX_SIDE:
+        batch = larger_images(batch)
     if target.head in MULTIMODAL and "pixel_values" in batch and _trial(model, batch) is not None:
         text = make_batch(model, target.head, config, text_only=True)
         if _trial(model, text) is None:  # (images that cannot be fitted: the text path alone)
@@ -146,6 +151,31 @@ def _config(config_class: type, model_type: str) -> Any:
             raise
         probe = config_class()
         return shrink(config_class, model_type, with_rope_sections(probe, sections))
+
+
+def _few_values_normalised(model: nn.Module, batch: dict[str, Any]) -> bool:
+    """Whether a BatchNorm of the model normalises fewer than BATCH_NORM_VALUES values per
+    channel, on images the batch could have larger. Batch statistics of a few values are
+    ill-conditioned (two values normalise to -1 and 1 whatever their difference, so their
+    gradient is the inverse of it): an image too small for the network's depth, which
+    checkpoints never meet at 224 pixels and more."""
+    pixels = batch.get("pixel_values")
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4:
+        return False
+    counts: list[int] = []
+
+    def count(module: nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0]
+        counts.append(x.numel() // max(1, x.shape[1]))
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    hooks = [m.register_forward_pre_hook(count) for m in norms]
+    try:
+        _trial(model, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return bool(counts) and min(counts) < BATCH_NORM_VALUES
 
 
 def _waveform(batch: dict[str, Any]) -> bool:
