@@ -131,6 +131,7 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("mask_time_length", "mask_feature_length"), 2),  # SpecAugment spans
     **dict.fromkeys(("num_groups",), 8),  # GroupNorm groups (BiT)
     **dict.fromkeys(("window_size",), 4),  # windowed attention (Swin: 8 x 8 patches)
+    **dict.fromkeys(("upsample_initial_channel",), 32),  # a HiFi-GAN vocoder's first width
     **dict.fromkeys(("num_windows",), 4),  # windows per image, a square (LW-DETR's ViT)
     # Layers that reuse an earlier layer's keys and values: none, in two layers of two kinds
     **dict.fromkeys(("num_kv_shared_layers",), 0),
@@ -182,7 +183,14 @@ LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids", "_attn_
 # Offline: never a pretrained backbone from the hub, never timm's (not installed).
 OFFLINE = {"use_pretrained_backbone": False, "use_timm_backbone": False}
 # Randomness that the CPU reference and the device draw in different orders.
-ZEROED = ("drop_path_rate", "layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+ZEROED = (
+    "drop_path_rate",
+    "layerdrop",
+    "encoder_layerdrop",
+    "decoder_layerdrop",
+    "noise_scale",  # (VITS: noise drawn on the device scales its durations and its waveform)
+    "noise_scale_duration",
+)
 # Dropout: a model's own dropout (DeBERTa's XDropout: bernoulli_ on the device) draws from the
 # device's generator where the CPU reference draws from the CPU's, so its masks differ and the
 # runs cannot be compared; F.dropout's masks are the CPU's, and the zoo covers them.
