@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 SEQ = 16
 DECODER_SEQ = 8
 BATCH = 2
+REGIONS = 8  # detected image regions (LXMERT's visual features)
 MAX_SIDE = 256  # (images grown for a network that leaves them nothing at its last stage)
 HIDDEN = 64  # (a width the config does not name: the shrinker's hidden size)
 WAVEFORM = 1600
@@ -157,6 +158,10 @@ def make_batch(
             mask = name.replace("input_ids", "attention_mask")
             if mask in params:
                 batch[mask] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    if "visual_feats" in params and "visual_pos" in params:  # detected regions (LXMERT)
+        width = int(_find(config, "visual_feat_dim") or HIDDEN)
+        batch["visual_feats"] = torch.randn(BATCH, REGIONS, width, generator=g)
+        batch["visual_pos"] = torch.rand(BATCH, REGIONS, int(_find(config, "visual_pos_dim") or 4))
     if "grid_thw" in params or "image_grid_thw" in params:
         batch.update(_patches(config, g, params))
     if "pixel_values_videos" in params and (not batch or _required(params, "pixel_values_videos")):
@@ -362,6 +367,7 @@ MULTIPLE = (  # "... a multiple of `n_window * 2` (100), but got 128"; "length N
 )
 SHORT = "Kernel size can't be greater than actual input size"
 FLAT_PATCHES = "Expected 3D (unbatched) or 4D (batched) input to conv2d"
+BOTH_AUDIO = "cannot specify both input_values and input_features"
 MASK_DTYPE = "Expected attn_mask dtype to be bool or float"
 NORMALIZED = re.compile(
     r"normalized_shape=\[(\d+)\], expected input with shape \[\*, \d+\], but got"
@@ -373,10 +379,13 @@ def fit_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None
     says it must be (log-mel features padded to 3000 frames as Whisper's feature extractor
     pads them, or a waveform cut to a multiple of a codec's frame), or without an attention
     mask the model wants as a float (an encoder's own additive mask, which its full model
-    makes from the features' mask); else None."""
+    makes from the features' mask), or with only a waveform where the model takes a waveform
+    or features but not both; else None."""
     message = str(error)
     if MASK_DTYPE in message and "attention_mask" in batch and "input_ids" not in batch:
         return {k: v for k, v in batch.items() if k != "attention_mask"}
+    if BOTH_AUDIO in message and "input_values" in batch:  # (a waveform encoder's model)
+        return {k: v for k, v in batch.items() if k != "input_features"}
     name = next((n for n in ("input_features", "input_values") if n in batch), None)
     exact, multiple = LENGTH_IS.search(message), MULTIPLE[0].search(message)
     other = MULTIPLE[1].search(message)

@@ -269,6 +269,18 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"vision_start_token_id": VOCAB - SPECIAL_TOKENS},
         "as qwen2_5_omni_thinker",
     ),
+    "reformer": (
+        {
+            "axial_pos_shape": [4, 4],
+            "axial_pos_embds_dim": [HIDDEN // 4, HIDDEN * 3 // 4],
+            "lsh_attn_chunk_length": 8,
+            "local_attn_chunk_length": 8,
+        },
+        (
+            "in training its text must be exactly as long as its grid of axial positions (64 x 64 "
+            "by default), whose two widths add up to the hidden size; its chunks are cut to fit"
+        ),
+    ),
     "efficientnet": (
         {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
         "its default is EfficientNet-B7 (width x2, depth x3.1); hidden_dim follows the width",
