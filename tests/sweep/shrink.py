@@ -153,7 +153,14 @@ SIZES: dict[str, int] = {
         ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), EXPERTS
     ),
     **dict.fromkeys(
-        ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "moe_k"),
+        (
+            "num_experts_per_tok",
+            "num_experts_per_token",
+            "moe_topk",
+            "top_k",
+            "moe_k",
+            "top_k_experts",
+        ),
         EXPERTS_PER_TOKEN,
     ),
     **dict.fromkeys(("n_shared_experts", "moe_num_shared_experts", "num_shared_experts"), 1),
