@@ -102,6 +102,7 @@ ArgValue: TypeAlias = (
     | ScalarInput
     | int
     | float
+    | complex
     | bool
     | str
     | None
@@ -349,6 +350,8 @@ def arg_to_proto(name: str, value: ArgValue) -> graph_pb2.Argument:
         a.int = value
     elif isinstance(value, float):
         a.float = value
+    elif isinstance(value, complex):
+        a.complex.real, a.complex.imag = value.real, value.imag
     elif isinstance(value, str):
         a.string = value
     elif isinstance(value, ScalarInput):
@@ -390,6 +393,8 @@ def arg_from_proto(a: graph_pb2.Argument) -> tuple[str, ArgValue]:
         value = LayoutArg(int(a.layout))
     elif kind == "device":
         value = DeviceArg(a.device)
+    elif kind == "complex":
+        value = complex(a.complex.real, a.complex.imag)
     else:
         value = getattr(a, kind)
     return a.name, value

@@ -103,6 +103,8 @@ def _constant(arg: graph_pb2.Argument, kind: str | None) -> Any:
         return LAYOUTS[arg.layout]
     if kind == "device":
         return CPU  # device memory is host memory: factories build on the CPU
+    if kind == "complex":
+        return complex(arg.complex.real, arg.complex.imag)
     return getattr(arg, kind)
 
 

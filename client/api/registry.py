@@ -93,6 +93,9 @@ def _make(value: object, device: str, bound: int, g: torch.Generator) -> OpValue
         return getattr(torch, value["layout"])
     if "float" in value:
         return float(value["float"])
+    if "complex" in value:  # (each part a number, or {"float": "inf"}...)
+        real, imag = (_make(part, device, bound, g) for part in value["complex"])
+        return complex(float(real), float(imag))  # type: ignore[arg-type]
     raise ValueError(f"cannot rebuild an argument {value}")
 
 

@@ -246,8 +246,8 @@ def graph_arg(value: OpValue, inputs: list[TensorType], counter: list[int]) -> A
         return ScalarInput(counter[0] - 1)
     if isinstance(value, (list, tuple)):
         return tuple(graph_arg(v, inputs, counter) for v in value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
+    if value is None or isinstance(value, (bool, int, str, complex)):
+        return value  # (a complex number is a constant of the graph, as an int is)
     if isinstance(value, torch.dtype):
         return DTypeArg(dtypes.from_name(str(value)))
     if isinstance(value, torch.device):

@@ -40,6 +40,8 @@ def encode(value: OpValue) -> object:
         return [encode(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return {"float": repr(value)}
+    if isinstance(value, complex):
+        return {"complex": [encode(value.real), encode(value.imag)]}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.dtype):
