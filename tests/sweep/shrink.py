@@ -216,8 +216,15 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "llama4": ({"pad_token_id": 0}, "its model reads the composite config's pad_token_id"),
     "emu3": ({"pad_token_id": 0}, "its model reads the composite config's pad_token_id"),
     "gemma4_assistant": (
-        {"hidden_size_per_layer_input": 0},
-        "its default config fails its own check (hidden_size_per_layer_input must be 0)",
+        {
+            "text_config": {
+                "hidden_size_per_layer_input": 0,
+                "vocab_size_per_layer_input": 0,
+                "enable_moe_block": False,
+                "use_double_wide_mlp": False,
+            }
+        },
+        "its default text config (Gemma 4's) fails its own checks: no per-layer inputs, no MoE",
     ),
     "cohere_compass_text": (
         {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
@@ -633,9 +640,16 @@ def shrink(
     config_class: type[PretrainedConfig], model_type: str, extra: Mapping[str, Any] | None = None
 ) -> PretrainedConfig:
     """A small config of the class: the generic rules, the type's override (if any), then
-    extra (what a trial forward asked for)."""
-    kwargs = shrunk_arguments(config_class())
+    extra (what a trial forward asked for). Where the class's default config fails its own
+    checks, the default with the override is shrunk."""
     override, _reason = OVERRIDES.get(model_type, ({}, ""))
+    try:
+        default = config_class()
+    except Exception:  # (strict config validation errors are not ValueErrors)
+        if not override:
+            raise
+        default = config_class(**override)
+    kwargs = shrunk_arguments(default)
     return config_class(**_merged(_merged(kwargs, override), extra or {}))
 
 
