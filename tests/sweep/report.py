@@ -100,11 +100,36 @@ def summary(results: list[dict[str, Any]], total: int | None = None) -> str:
     classes = [error_class(r) for r in built if not all_passed(r)]
     own = sum("PyTorch's aot_eager fails" in c for c in classes)
     ill = sum("ill-conditioned" in c for c in classes)
+    unbuilt = [r for r in full if not r.get("built")]
+    libraries = Counter(_missing_library(r) for r in unbuilt if _missing_library(r))
+    trackers = sum(_inference_only(r) for r in unbuilt)
+    if unbuilt:
+        named = ", ".join(f"{lib} {n}" for lib, n in libraries.most_common())
+        lines.append(
+            f"of the {len(unbuilt)} not built: {sum(libraries.values())} need a library not "
+            f"installed here ({named or '-'}), {trackers} are inference-only (a video tracker's "
+            f"session), {len(unbuilt) - sum(libraries.values()) - trackers} other"
+        )
     lines.append(
         f"of the {len(classes)} built that fail: {own} where PyTorch's torch.compile fails on the "
         f"CPU too, {ill} ill-conditioned (PyTorch's aot_eager itself out of tolerance of CPU eager)"
     )
     return "\n".join(lines)
+
+
+LIBRARY = re.compile(r"requires the (\w+) library but it was not found")
+
+
+def _missing_library(result: dict[str, Any]) -> str:
+    """The library a target that did not build needs and this machine lacks ('' if none)."""
+    found = LIBRARY.search((result.get("failure") or {}).get("error", ""))
+    return found.group(1) if found else ""
+
+
+def _inference_only(result: dict[str, Any]) -> bool:
+    """A target whose forward reads an inference session (SAM 2's video trackers): it has no
+    training step to run."""
+    return "inference_session" in (result.get("failure") or {}).get("error", "")
 
 
 def representative(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

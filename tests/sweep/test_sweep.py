@@ -83,9 +83,12 @@ def test_the_report_counts_and_covers() -> None:
         | {m: {"passed": m != "compiled"} for m in ("eager", "adaptive", "compiled")}
         | {"bits": {"equal": True}},
         {"key": "c:model", "built": False},
+        {"key": "d:model", "built": False}
+        | {"failure": {"error": "ImportError: D requires the timm library but it was not found"}},
     ]
     text = summary(results)
-    assert "attempted: 3 model types" in text and "built: 2 (66.7 %)" in text
+    assert "attempted: 4 model types" in text and "built: 2 (50.0 %)" in text
+    assert "of the 2 not built: 1 need a library not installed here (timm 1)" in text
     assert "compiled: 1 (50.0 %) of the built pass" in text
     assert [r["key"] for r in representative(results)] == ["a:causal_lm"]
 
