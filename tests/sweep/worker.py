@@ -137,7 +137,10 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
         text = make_batch(model, target.head, config, text_only=True)
         if _trial(model, text) is None:  # (images that cannot be fitted: the text path alone)
             batch = text
-    return Trained(model), batch, config
+    # A model fresh from its seed: the trials ran it, which may have left state that moving
+    # it does not move (Mimi caches its codebook as a plain attribute on first use) or
+    # changed its BatchNorm statistics.
+    return Trained(_seeded(target, config)), batch, config
 
 
 def _config(config_class: type, model_type: str) -> Any:
