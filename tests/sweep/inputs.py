@@ -177,6 +177,10 @@ def make_batch(
         if "state" in params:
             state = int(_find(config, "max_state_dim") or 8)
             batch["state"] = torch.randn(BATCH, state, generator=g)
+        if "noise" in params and "timestep" in params:  # a flow-matching policy's draws, given
+            # (else drawn on the device from its generator, where the CPU draws from its own)
+            batch["noise"] = torch.randn(batch["actions"].shape, generator=g)
+            batch["timestep"] = torch.rand(BATCH, generator=g)
         if "pixel_attention_mask" in params and "pixel_values" in batch:  # one camera each
             batch["pixel_values"] = batch["pixel_values"].unsqueeze(1)
             batch["pixel_attention_mask"] = torch.ones(BATCH, 1, dtype=torch.bool)
