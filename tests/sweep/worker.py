@@ -132,7 +132,10 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
         else:
             break
     while _few_values_normalised(model, batch) and batch["pixel_values"].shape[-1] < MAX_SIDE:
-        batch = larger_images(batch)
+        larger = larger_images(batch)
+        if _trial(model, larger) is not None:
+            break  # (a model of one image size: GroupViT's)
+        batch = larger
     if target.head in MULTIMODAL and "pixel_values" in batch and _trial(model, batch) is not None:
         text = make_batch(model, target.head, config, text_only=True)
         if _trial(model, text) is None:  # (images that cannot be fitted: the text path alone)
