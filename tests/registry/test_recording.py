@@ -109,3 +109,13 @@ def test_a_gzip_registry_records_merges_and_samples_by_op(tmp_path):
     assert signatures and all(s.sources == {"first", "second"} for s in signatures)
     sample = registry.stratified(signatures, 1)
     assert sorted(s.op for s in sample) == sorted({s.op for s in signatures})
+
+
+def test_a_signature_the_cpu_answers_two_ways_is_skipped_not_failed():
+    # embedding_bag's backward on random bag offsets, bag sizes and max indices, as the sweep
+    # recorded it (Kimi K2.5's vision tower): the CPU reads memory those leave unset, so its
+    # answer is no reference.
+    sweep = Path(__file__).with_name("sweep.jsonl.gz")
+    sig = next(s for s in load(sweep) if s.op == "aten::_embedding_bag_backward.default")
+    outcome = registry.run_signature(sig, "eager")
+    assert outcome.status == "skip" and "two ways" in outcome.reason, outcome
