@@ -200,6 +200,18 @@ def _trial(model: nn.Module, batch: dict[str, Any]) -> Exception | None:
     return None
 
 
+@torch.compiler.disable
+def repeatable_seed() -> int:
+    """torch.seed() drawn from the seeded CPU generator, not the OS's entropy. Reformer reseeds
+    every generator with torch.seed() in each training forward (to replay its dropout in the
+    backward), and its LSH attention's random rotations then come from that seed: with the
+    OS's entropy no two runs of it, on any device, hash alike, and no mode could be compared
+    with another. Seeded from the run's seed, every run draws the same rotations."""
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    torch.manual_seed(seed)  # (every device's generator, as torch.seed() seeds them)
+    return seed
+
+
 def _seeded(target: Target, config: Any) -> nn.Module:
     """The model, its weights drawn after torch.manual_seed(MODEL_SEED)."""
     torch.manual_seed(MODEL_SEED)
@@ -278,6 +290,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     use_in_process_compiles()
     quiet_transformers()
+    torch.seed = torch.random.seed = repeatable_seed  # type: ignore[assignment]
     start = time.perf_counter()
     result = evaluate(find(args.target), args.steps, args.build_only)
     result["worker_seconds"] = round(time.perf_counter() - start, 2)

@@ -150,6 +150,11 @@ def run_steps(case: Case, initial: nn.Module, batch: dict[str, Any], record: Rec
     backend = BACKENDS.get(record.mode)
     if record.mode == AOT_EAGER:  # (numpy.random as compiled mode sets it: wav2vec2's masks)
         torch._dynamo.config.use_numpy_random_stream = True
+    if backend is not None:
+        # Dynamo's caches start empty, as in a new process: the modes before this one compiled
+        # the same code objects, and past its recompile limit Dynamo runs a frame uncompiled
+        # (aot_eager then left None where torch.compile's graphs give zero gradients).
+        torch._dynamo.reset()
     forward = model if backend is None else torch.compile(model, backend=backend)
     train(model, case, inputs, record, forward)
     evaluate(model, inputs, record, forward)
