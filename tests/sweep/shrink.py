@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -81,6 +82,8 @@ SIZES: dict[str, int] = {
             "condition_dim",  # a TTS flow head conditioned on its backbone's hidden state
             "vector_quantization_hidden_dimension",  # (Mimi: its codebooks are this wide)
             "backbone_hidden_size",  # a speech LM's depth decoder reads its backbone's width
+            "vit_dim",  # (SAM-HQ: its mask decoder reads its ViT's width)
+            "fpn_hidden_size",  # a SAM 2 or 3 neck: its decoders read its features at their width
         ),
         HIDDEN,
     ),
@@ -184,6 +187,8 @@ STAGE_LISTS: dict[str, str] = {
     "num_attention_heads": "heads",
     "conv_dim": "flat",  # a speech model's convolutional front-end
     "tdnn_dim": "flat",
+    "blocks_per_stage": "one",  # (Hiera: SAM 2's backbone)
+    "num_attention_heads_per_stage": "heads",
 }
 TIMM = ("timm_backbone", "timm_wrapper")
 LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids", "_attn_indexes")
@@ -405,6 +410,7 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     kwargs.update(_rotary_dim(current, kwargs))
     kwargs.update(_per_layer(current, kwargs))
     kwargs.update(_chained_stages(current, kwargs))
+    kwargs.update(_hiera_stages(current, kwargs))
     kwargs.update(_backbone_outputs(current, kwargs))
     if current.get("is_encoder_decoder") and current.get("decoder_start_token_id") is None:
         # Needed to shift labels right; checkpoints carry it in their generation config.
@@ -425,7 +431,99 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
         if small:  # (a part left as it is stays the object the config made)
             kwargs[name] = {"model_type": part.model_type, **small}
     kwargs.update(_encoder_inputs(current, parts, kwargs))
+    kwargs.update(_neck_width(parts, kwargs))
+    kwargs.update(_backbone_maps(current, parts, kwargs))
+    kwargs.update(_prompt_grid(kwargs))
     return kwargs
+
+
+def _neck_width(parts: Mapping[str, PretrainedConfig], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A segmenter's vision neck as wide as its prompt encoder (SAM's image embeddings, and
+    their positional embeddings of num_pos_feats sines and as many cosines, are added to the
+    prompt encoder's): output_channels, which other models' necks (GOT-OCR2's) keep for
+    their projector, is left alone elsewhere."""
+    vision, prompt = kwargs.get("vision_config"), kwargs.get("prompt_encoder_config")
+    part = parts.get("vision_config")
+    if not isinstance(vision, Mapping) or not isinstance(prompt, Mapping):
+        return {}
+    if not _is_int(getattr(part, "output_channels", None)) or "hidden_size" not in prompt:
+        return {}
+    width = prompt["hidden_size"]
+    small = {"output_channels": width}
+    if _is_int(getattr(part, "num_pos_feats", None)):
+        small["num_pos_feats"] = width // 2
+    return {"vision_config": {**vision, **small}}
+
+
+def _backbone_maps(
+    current: Mapping[str, Any], parts: Mapping[str, PretrainedConfig], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A SAM 2 vision config's copy of its backbone's stages: the neck's input widths
+    (backbone_channel_list, last stage first) and the sizes of the feature maps it reshapes
+    them to, which scale with the backbone's grid of patches."""
+    backbone, part = kwargs.get("backbone_config"), parts.get("backbone_config")
+    if not isinstance(backbone, Mapping) or part is None:
+        return {}
+    small: dict[str, Any] = {}
+    widths = backbone.get("embed_dim_per_stage")
+    if isinstance(current.get("backbone_channel_list"), list) and isinstance(widths, list):
+        small["backbone_channel_list"] = widths[::-1]
+    sizes, full = current.get("backbone_feature_sizes"), _grid(part.to_dict())
+    grid = _grid({**part.to_dict(), **backbone})
+    if isinstance(sizes, list) and full and grid and grid != full:
+        small["backbone_feature_sizes"] = [[n * grid // full for n in size] for size in sizes]
+    return small
+
+
+def _grid(backbone: Mapping[str, Any]) -> int | None:
+    """A backbone's patches per image side (its pixels, where it names no patch size)."""
+    sizes = [backbone.get("image_size"), backbone.get("patch_size") or 1]
+    side, patch = [v[0] if isinstance(v, list | tuple) and v else v for v in sizes]
+    if not (isinstance(side, int) and isinstance(patch, int)) or not patch:
+        return None
+    return side // patch
+
+
+def _prompt_grid(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A SAM 2 prompt encoder's patch, such that its grid (image_size // patch_size) is the
+    vision encoder's smallest feature map, the image embedding its masks are decoded from
+    (a Hiera backbone strides 16 pixels there: 4 x 2 x 2, not a patch of the generic size)."""
+    vision, prompt = kwargs.get("vision_config"), kwargs.get("prompt_encoder_config")
+    if not isinstance(vision, Mapping) or not isinstance(prompt, Mapping):
+        return {}
+    sizes, image = vision.get("backbone_feature_sizes"), prompt.get("image_size")
+    if not isinstance(sizes, list) or not sizes or not _is_int(image):
+        return {}
+    patch = image // sizes[-1][0]
+    if patch == prompt.get("patch_size"):
+        return {}
+    return {"prompt_encoder_config": {**prompt, "patch_size": patch}}
+
+
+def _hiera_stages(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A Hiera backbone's (SAM 2's) stages: each twice as wide as the one before, as a stage
+    that pools its queries must be (its residual is pooled only where its width changes), its
+    patch embedding as wide as the first stage, and its global-attention blocks (numbered
+    across all stages) kept in the stages they were in, each the last of two blocks there: a
+    stage's first block pools its queries within windows (a global one cannot: transformers
+    divides by its window)."""
+    blocks, small = current.get("blocks_per_stage"), kwargs.get("blocks_per_stage")
+    if not isinstance(blocks, list) or not isinstance(small, list):
+        return {}
+    widths = [STAGE_WIDTH * 2**i for i in range(len(blocks))]
+    ends = list(accumulate(blocks))
+    globals_ = current.get("global_attention_blocks") or []
+    stages = sorted({next(s for s, end in enumerate(ends) if i < end) for i in globals_})
+    small = [2 if s in stages else n for s, n in enumerate(small)]
+    small_ends = list(accumulate(small))
+    hiera: dict[str, Any] = {
+        "hidden_size": widths[0],
+        "embed_dim_per_stage": widths,
+        "blocks_per_stage": small,
+    }
+    if "global_attention_blocks" in current:
+        hiera["global_attention_blocks"] = [small_ends[s] - 1 for s in stages]
+    return hiera
 
 
 def _chained_stages(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
