@@ -144,6 +144,8 @@ def make_batch(
         batch["input_features"] = torch.randn(BATCH, bins, frames, generator=g)
         for mask in _feature_masks(batch, params):  # every frame is speech
             batch[mask] = torch.ones(BATCH, frames, dtype=torch.long)
+    if "duration_labels" in params and ids is not None:
+        batch.update(_speech_targets(config, g))
     if "bbox" in params and ids is not None:  # layout models: a box per token
         corner = torch.randint(0, 500, (BATCH, SEQ, 2), generator=g)
         size = torch.randint(1, 500, (BATCH, SEQ, 2), generator=g)
@@ -184,6 +186,8 @@ def make_batch(
         if "pixel_attention_mask" in params and "pixel_values" in batch:  # one camera each
             batch["pixel_values"] = batch["pixel_values"].unsqueeze(1)
             batch["pixel_attention_mask"] = torch.ones(BATCH, 1, dtype=torch.bool)
+    if "shared_kv_states" in params and "inputs_embeds" in params:
+        batch = _drafter(config, g)
     if not batch:
         hidden = _find(config, "hidden_size", "d_model")
         embeds = next((n for n in EMBEDS if n in params), None)
@@ -240,6 +244,37 @@ def _series(config: PretrainedConfig, params: Any, g: torch.Generator) -> dict[s
     return series
 
 
+def _speech_targets(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """A text-to-speech model's targets (FastSpeech 2, which trains only on all of them): each
+    token's duration in frames (two each), its pitch and energy, and the log-mel spectrogram
+    those frames make."""
+    frames, bins = 2 * SEQ, int(_find(config, "num_mel_bins") or 80)
+    return {
+        "duration_labels": torch.full((BATCH, SEQ), 2, dtype=torch.long),
+        "pitch_labels": torch.randn(BATCH, SEQ, 1, generator=g),
+        "energy_labels": torch.randn(BATCH, SEQ, 1, generator=g),
+        "spectrogram_labels": torch.randn(BATCH, frames, bins, generator=g),
+    }
+
+
+def _drafter(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """A multi-token-prediction drafter's inputs (Gemma 4's assistant): the backbone's
+    embedding and hidden state, concatenated, and the keys and values of the backbone's last
+    layer of each attention kind, which it attends to instead of its own keys and values (it
+    ignores token ids)."""
+    text = config.get_text_config()
+    width = 2 * int(_find(config, "backbone_hidden_size") or HIDDEN)
+    states = {}
+    for i, kind in enumerate(text.layer_types):
+        layer = text.per_layer_config[i]
+        shape = (BATCH, layer.num_key_value_heads, SEQ, layer.head_dim)
+        states[kind] = (torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+    return {
+        "inputs_embeds": torch.randn(BATCH, SEQ, width, generator=g),
+        "shared_kv_states": states,
+    }
+
+
 def _trajectory(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
     """An offline RL trajectory (Decision Transformer): states, actions, rewards, returns to
     go and time steps."""
@@ -271,12 +306,21 @@ def _patches(config: PretrainedConfig, g: torch.Generator, params: Any) -> dict[
 
 
 def _reads_image_sizes(model: torch.nn.Module, config: PretrainedConfig) -> bool:
-    """Whether the model reads each image's size: its vision encoder does (Pixtral's), or it
-    tiles images of any resolution (LLaVA-NeXT's anyres)."""
+    """Whether the model reads each image's size: its vision encoder does (Pixtral's), it
+    tiles images of any resolution (LLaVA-NeXT's anyres), or its image features require it."""
     if _find(config, "image_grid_pinpoints"):
         return True
+    if any(_required(_image_features_params(m), "image_sizes") for m in model.modules()):
+        return True  # (a tokenizer of each image at its own size: Apertus 1.5's)
     towers = (m for name, m in model.named_modules() if name.endswith(VISION_TOWERS))
     return any("image_sizes" in inspect.signature(m.forward).parameters for m in towers)
+
+
+def _image_features_params(module: torch.nn.Module) -> Any:
+    """The parameters of the module's get_image_features (none where it has none): a model
+    may need what its forward leaves optional."""
+    method = getattr(type(module), "get_image_features", None)
+    return inspect.signature(method).parameters if callable(method) else {}
 
 
 def _video(config: PretrainedConfig, g: torch.Generator) -> torch.Tensor:
@@ -381,7 +425,8 @@ NORMALIZED = re.compile(
 def fit_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
     """After a trial forward failed with error: a batch whose audio is as long as the model
     says it must be (log-mel features padded to 3000 frames as Whisper's feature extractor
-    pads them, or a waveform cut to a multiple of a codec's frame), or without an attention
+    pads them, a waveform cut to a multiple of a codec's frame, or a codec encoder's mono
+    waveform made longer where its strides leave too little), or without an attention
     mask the model wants as a float (an encoder's own additive mask, which its full model
     makes from the features' mask), or with only a waveform where the model takes a waveform
     or features but not both; else None."""
@@ -393,9 +438,11 @@ def fit_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None
     name = next((n for n in ("input_features", "input_values") if n in batch), None)
     exact, multiple = LENGTH_IS.search(message), MULTIPLE[0].search(message)
     other = MULTIPLE[1].search(message)
+    if SHORT in message and _mono(batch.get("hidden_states")):  # (a codec's encoder alone)
+        name = "hidden_states"
     if name is None:
         return None
-    if SHORT in message and name == "input_values":  # (a codec's convolutions stride it down)
+    if SHORT in message and name in ("input_values", "hidden_states"):  # (strided down)
         values = batch[name]
         return _with_length(batch, name, values.dim() - 1, values.shape[-1] * 4)
     if exact is not None:
@@ -414,6 +461,11 @@ def fit_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None
     if not dims:
         return None
     return _with_length(batch, name, dims[-1], wanted)
+
+
+def _mono(values: Any) -> bool:
+    """A batch of (batch, 1, samples) waveforms."""
+    return isinstance(values, torch.Tensor) and values.dim() == 3 and values.shape[1] == 1
 
 
 def fit_features_width(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
@@ -442,6 +494,25 @@ def fit_patch_images(
     if not _is_id(patch) or pixels.shape[1] % (patch * patch):
         return None
     return dict(batch, pixel_values=pixels.view(len(pixels), -1, patch, patch))
+
+
+CHANNELS = re.compile(r"expected input\[(\d+), (\d+), (\d+)\] to have (\d+) channels, but got")
+
+
+def fit_channels(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: hidden states channels-first, as many
+    channels as the first convolution says (a codec's encoder reads a mono waveform, its
+    decoder latents as wide as its hidden size); else None."""
+    found = CHANNELS.search(str(error))
+    states = batch.get("hidden_states")
+    if found is None or not isinstance(states, torch.Tensor) or states.dim() != 3:
+        return None
+    if states.shape[1] != int(found.group(2)) or len(batch) != 1:
+        return None
+    channels = int(found.group(4))
+    length = WAVEFORM if channels == 1 else SEQ
+    g = torch.Generator().manual_seed(SEED)
+    return {"hidden_states": torch.randn(BATCH, channels, length, generator=g)}
 
 
 UNPACK = re.compile(r"not enough values to unpack \(expected (\d+), got (\d+)\)")

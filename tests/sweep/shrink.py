@@ -84,6 +84,7 @@ SIZES: dict[str, int] = {
             "backbone_hidden_size",  # a speech LM's depth decoder reads its backbone's width
             "vit_dim",  # (SAM-HQ: its mask decoder reads its ViT's width)
             "fpn_hidden_size",  # a SAM 2 or 3 neck: its decoders read its features at their width
+            "hidden_size_global",  # (BLT: its local encoder and decoder read its global width)
         ),
         HIDDEN,
     ),
@@ -145,6 +146,7 @@ SIZES: dict[str, int] = {
             "src_vocab_size",
             "tgt_vocab_size",
             "vocab_size_per_layer_input",
+            "encoder_hash_byte_group_vocab",  # (BLT's hashed byte n-gram embeddings)
         ),
         VOCAB,
     ),
@@ -211,6 +213,19 @@ DROPOUT = ("dropout", "pdrop", "drop_prob")
 DERIVED = ("head_dim", "layer_types", "num_key_value_heads", "transformers_version")
 MODALITY_TOKENS = ("image_token_id", "image_token_index")
 TOKEN_ID_SUFFIXES = ("_token_id", "_token_index", "_token_ids")
+
+IMAGE_CODES = 256  # a VQ image tokenizer's codebook (each code a token of the vocabulary)
+
+
+def _image_vocabulary(codes: int) -> dict[str, int]:
+    """Chameleon's vocabulary map: "<image>" and one "IMGIMG<code in letters A-J>Z" token per
+    VQ code, just below the special tokens at the top of the small vocabulary."""
+    first = VOCAB - SPECIAL_TOKENS - codes
+    names = {
+        f"IMGIMG{''.join(chr(ord('A') + int(d)) for d in str(i))}Z": first + i for i in range(codes)
+    }
+    return {"<image>": first - 1, **names}
+
 
 # model_type -> (extra arguments, why the generic rules are not enough).
 OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
@@ -300,11 +315,98 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
             "by default), whose two widths add up to the hidden size; its chunks are cut to fit"
         ),
     ),
+    "qwen4_exp_text": (
+        {"indexer_n_heads": HEADS, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM}
+        | {"indexer_budget": 8, "indexer_compress_ratio": 4},
+        "its attention layers always build a QSA indexer, whose sizes its default leaves unset",
+    ),
+    "xlstm": (
+        {"hidden_size": 128},
+        "its state's query width is hidden x qk_dim_factor rounded up to 64, its layers' is not",
+    ),
+    "recurrent_gemma": (
+        {"block_types": ["recurrent", "attention"]},
+        "its layers cycle through block_types (2 recurrent, 1 attention): 2 layers had no attention",
+    ),
+    "zamba": (
+        {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+        "its hybrid layers share one attention block, tied from the first: it needs two of them",
+    ),
+    "blt": (
+        {"use_cache": False},
+        "its cache is built from the composite config, which has no num_hidden_layers (a bug)",
+    ),
+    "dory": (
+        {"num_hidden_layers": 3, "n_input_layers": 1, "n_output_layers": 1}
+        | {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+        (
+            "its to_dict writes each layer as two blocks (attention, mlp), doubling the counts; "
+            "its layers are input, looped and output groups: one layer each"
+        ),
+    ),
+    "kolibri1_1": (
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "indexed_attention", "indexed_attention"],
+            "mlp_only_layers": [0],  # (then a mixture of experts)
+            "index_layers": [1],  # (then a reindexer)
+            "kv_source_layers": [0, 1, 1],  # (the reindexer reads the indexer's keys and values)
+            "sliding_window": SLIDING,
+            "mlp_only_intermediate_size": FFN,
+        }
+        | {"index_topk": 4, "index_pool_size": 8, "index_compression": 2, "index_num_heads": 2}
+        | {"index_num_local_tokens": 4, "index_num_sink_tokens": 1},
+        (
+            "its layers refer to each other by index (indexers, reindexers, layers reading another's "
+            "keys and values), which no cut of its lists keeps; its sparse pools are cut to the text"
+        ),
+    ),
+    "apertus1p5": (
+        {
+            "image_token_offset": 480,
+            "audio_token_offset": 736,
+            "vision_config": {"codebook_size": 256, "base_channels": 32, "latent_channels": 32},
+            "audio_config": {"codebook_size": 256},
+        },
+        (
+            "its vocabulary holds text, then its image codebook, then its audio codebook, at "
+            "offsets no rule knows: each codebook 256 codes of the small vocabulary"
+        ),
+    ),
+    "t5gemma2_encoder": (
+        {"text_config": {"dropout_rate": 0.0}},
+        "its layers read dropout_rate, which only the composite T5Gemma 2 config sets on its text",
+    ),
+    "moonshine_streaming": (
+        {"num_key_value_heads": HEADS},
+        "its decoder reads num_key_value_heads, which its config class does not define",
+    ),
+    "xcodec": (
+        {"codebook_dim": 256 + HIDDEN},
+        "its codebooks are as wide as its acoustic (DAC's, 256) and semantic widths together",
+    ),
+    "neucodec": (
+        {"quantization_dim": 2 * HIDDEN},
+        "its quantizer reads its semantic and acoustic features together: twice its hidden size",
+    ),
+    "chameleon": (
+        {
+            "vocabulary_map": _image_vocabulary(IMAGE_CODES),
+            "vq_config": {"num_embeddings": IMAGE_CODES},
+        },
+        "its image codes are tokens named in a vocabulary map, which only checkpoints carry",
+    ),
+    "longcat_flash": (
+        {"head_dim": HEAD_DIM // 2},
+        "its rotary embedding is head_dim wide, which must be qk_rope_head_dim (as its default)",
+    ),
     "efficientnet": (
         {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
         "its default is EfficientNet-B7 (width x2, depth x3.1); hidden_dim follows the width",
     ),
 }
+OVERRIDES["xcodec2"] = (OVERRIDES["neucodec"][0], "as neucodec")
+OVERRIDES["qwen4_exp"] = ({"text_config": OVERRIDES["qwen4_exp_text"][0]}, "as qwen4_exp_text")
 
 
 def _stage_list(kind: str, n: int) -> list[int]:
@@ -434,6 +536,7 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     kwargs.update(_neck_width(parts, kwargs))
     kwargs.update(_backbone_maps(current, parts, kwargs))
     kwargs.update(_prompt_grid(kwargs))
+    kwargs.update(_pooled_image_tokens(current, parts, kwargs))
     return kwargs
 
 
@@ -524,6 +627,22 @@ def _hiera_stages(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict
     if "global_attention_blocks" in current:
         hiera["global_attention_blocks"] = [small_ends[s] - 1 for s in stages]
     return hiera
+
+
+def _pooled_image_tokens(
+    current: Mapping[str, Any], parts: Mapping[str, PretrainedConfig], kwargs: dict[str, Any]
+) -> dict[str, int]:
+    """Image tokens that pool the (now fewer) patches of the vision part as the full config
+    pools them (Gemma 3: 64 x 64 patches averaged 4 x 4 into 16 x 16 tokens), at least one:
+    a pool wider than the patches has no stride."""
+    tokens, vision = current.get("mm_tokens_per_image"), parts.get("vision_config")
+    image, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if not (_is_int(tokens) and _is_int(image) and _is_int(patch)) or tokens < 1:
+        return {}
+    small = kwargs.get("vision_config", {})
+    kernel = max(1, image // patch // int(tokens**0.5))
+    side = small.get("image_size", image) // small.get("patch_size", patch) // kernel
+    return {"mm_tokens_per_image": max(1, side) ** 2} if side**2 != tokens else {}
 
 
 def _chained_stages(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -734,13 +853,21 @@ def _merged(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _override(config_class: type[PretrainedConfig], model_type: str) -> tuple[dict, str]:
+    """The override of the config class's own type, else the target's: a composite type's
+    causal LM (Qwen4-Exp's) takes its text config alone, whose override is not the
+    composite's."""
+    own = getattr(config_class, "model_type", None)
+    return OVERRIDES.get(own) or OVERRIDES.get(model_type, ({}, ""))  # type: ignore[arg-type]
+
+
 def shrink(
     config_class: type[PretrainedConfig], model_type: str, extra: Mapping[str, Any] | None = None
 ) -> PretrainedConfig:
     """A small config of the class: the generic rules, the type's override (if any), then
     extra (what a trial forward asked for). Where the class's default config fails its own
     checks, the default with the override is shrunk."""
-    override, _reason = OVERRIDES.get(model_type, ({}, ""))
+    override, _reason = _override(config_class, model_type)
     try:
         default = config_class()
     except Exception:  # (strict config validation errors are not ValueErrors)

@@ -31,6 +31,7 @@ from catalog import Target, targets
 from inputs import (
     MAX_SIDE,
     MULTIMODAL,
+    fit_channels,
     fit_codebooks,
     fit_features_width,
     fit_images,
@@ -116,6 +117,7 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
                 or fit_patch_images(config, batch, error)
                 or fit_images(batch, error)
                 or fit_codebooks(config, batch, error)
+                or fit_channels(batch, error)
             )
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
