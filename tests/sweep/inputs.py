@@ -122,6 +122,7 @@ def make_batch(
         for name in ("target_sizes", "tgt_sizes") if isinstance(patch, int) else ():
             if name in params:  # each image's grid of patches (height, width)
                 batch[name] = torch.tensor([[side // patch] * 2] * BATCH)
+                batch["pixel_values"] = _packed(batch["pixel_values"], patch)
         if "image_sizes" in params and not frames and _reads_image_sizes(model, config):
             batch["image_sizes"] = torch.tensor([[side, side]] * BATCH)  # (pixels)
     frames, bins = _find(config, "max_length"), _find(config, "num_mel_bins")
@@ -299,10 +300,24 @@ def _patches(config: PretrainedConfig, g: torch.Generator, params: Any) -> dict[
     side = GRID * merge
     grid_name = "grid_thw" if "grid_thw" in params else "image_grid_thw"
     pixels = "hidden_states" if "hidden_states" in params else "pixel_values"
-    return {
+    found = {
         pixels: torch.randn(side * side, channels * temporal * patch * patch, generator=g),
         grid_name: torch.tensor([[1, side, side]]),
     }
+    sizes = "merge_sizes" if "merge_sizes" in params else "image_merge_sizes"
+    if sizes in params:  # each image's merge (VideoLLaMA 3's: images and videos merge apart)
+        found[sizes] = torch.tensor([merge])
+    return found
+
+
+def _packed(pixels: torch.Tensor, patch: int) -> torch.Tensor:
+    """Images NaViT-packed as MiniCPM-V's processor packs them for a model that reads each
+    image's grid of patches: one row of every image's patches, (1, channels, patch, patches x
+    patch), which its patch convolution embeds as one sequence."""
+    batch, channels = pixels.shape[:2]
+    rows = torch.nn.functional.unfold(pixels, patch, stride=patch)  # (batch, c * p * p, patches)
+    rows = rows.view(batch, channels, patch, patch, -1).permute(1, 2, 0, 4, 3)
+    return rows.reshape(1, channels, patch, -1)
 
 
 def _reads_image_sizes(model: torch.nn.Module, config: PretrainedConfig) -> bool:
@@ -375,10 +390,62 @@ def fit_modality_tokens(
     token = _find(config, *TOKEN_IDS)
     if "input_ids" not in batch or found is None or not _is_id(token):
         return None
-    fitted = _with_tokens(batch, int(token), int(found.group(2)))
+    features = _features_counted(model, int(found.group(1)), int(found.group(2)))
+    if features is None:
+        return None
+    fitted = _with_tokens(batch, int(token), features)
     if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
         fitted["mm_token_type_ids"] = (fitted["input_ids"] == token).long()  # (M-RoPE's)
     return fitted
+
+
+BOUNDARY = re.compile(r"Expected (\d+) visual boundary tokens with id (\d+), but found 0")
+
+
+def fit_boundary_tokens(
+    config: PretrainedConfig, batch: dict[str, Any], error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: a batch whose runs of image (video) tokens
+    are opened or closed by the boundary token the model says it needs (Ovis 2.5 embeds its
+    start and end tokens as visual indicators), one per run, on the text token before (the
+    config's *_start_token_id) or after (its *_end_token_id) the run; else None."""
+    found = BOUNDARY.search(str(error))
+    ids, token = batch.get("input_ids"), _find(config, *TOKEN_IDS)
+    if found is None or ids is None or not _is_id(token):
+        return None
+    wanted, boundary = int(found.group(1)), int(found.group(2))
+    names = [n for n, v in vars(config).items() if v == boundary and n.endswith("_token_id")]
+    step = -1 if any(n.endswith("_start_token_id") for n in names) else 1
+    if not names or (step == 1 and not any(n.endswith("_end_token_id") for n in names)):
+        return None
+    ids = ids.clone()
+    runs = [row for row in range(len(ids)) if (ids[row] == token).any()]
+    for row in runs:
+        where = (ids[row] == token).nonzero().flatten()
+        at = int(where[0]) - 1 if step < 0 else int(where[-1]) + 1
+        if not 0 <= at < ids.shape[1] or ids[row, at] == token:
+            return None
+        ids[row, at] = boundary
+    if len(runs) != wanted:
+        return None
+    fitted = dict(batch, input_ids=ids)
+    if "labels" in batch and batch["labels"].shape == ids.shape:
+        fitted["labels"] = ids.masked_fill(ids == token, -100)
+    return fitted
+
+
+def _features_counted(model: torch.nn.Module, tokens: int, features: int) -> int | None:
+    """The number of features a mismatch error reports. Where it says tokens and features do
+    not match while its numbers are equal, its features number counts values, features x
+    their width (PaddleOCR-VL's message, once the text has that many tokens): the features
+    are that over the width of the text's embeddings; else None."""
+    if tokens != features:
+        return features
+    embeddings = model.get_input_embeddings()
+    width = getattr(embeddings, "embedding_dim", 0)
+    if not width or features % width:
+        return None
+    return features // width
 
 
 def _is_id(value: Any) -> bool:
@@ -415,6 +482,7 @@ MULTIPLE = (  # "... a multiple of `n_window * 2` (100), but got 128"; "length N
 )
 SHORT = "Kernel size can't be greater than actual input size"
 FLAT_PATCHES = "Expected 3D (unbatched) or 4D (batched) input to conv2d"
+UNPACK = re.compile(r"not enough values to unpack \(expected (\d+), got (\d+)\)")
 BOTH_AUDIO = "cannot specify both input_values and input_features"
 MASK_DTYPE = "Expected attn_mask dtype to be bool or float"
 NORMALIZED = re.compile(
@@ -486,14 +554,42 @@ def fit_patch_images(
 ) -> dict[str, Any] | None:
     """After a trial forward failed with error: flattened patches as small images (patches,
     channels, patch, patch), where the model's patch embedding is a 2-D convolution (Kimi's
-    vision tower); else None."""
+    vision tower, or PaddleOCR-VL's, which unpacks the two more dimensions the flat patch
+    width splits into); else None."""
     pixels = batch.get("pixel_values")
     patch = _find(config, "patch_size")
-    if FLAT_PATCHES not in str(error) or not isinstance(pixels, torch.Tensor) or pixels.dim() != 2:
+    unpack = UNPACK.search(str(error))
+    split = unpack is not None and int(unpack.group(1)) == int(unpack.group(2)) + 2
+    if not (FLAT_PATCHES in str(error) or split):
+        return None
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 2:
         return None
     if not _is_id(patch) or pixels.shape[1] % (patch * patch):
         return None
     return dict(batch, pixel_values=pixels.view(len(pixels), -1, patch, patch))
+
+
+TILES = re.compile(r"shape '\[-1, (\d+), (\d+), \1, \2, \d+\]' is invalid for input of size")
+
+
+def fit_token_tiles(
+    config: PretrainedConfig, batch: dict[str, Any], error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: flattened patches as one channels-last tile of
+    merge x merge patches per language-model token, and their grid counted in those tokens
+    (Inkling 2's vision tower cuts each tile into its patches itself), where the model's
+    reshape says so; else None."""
+    found = TILES.search(str(error))
+    pixels, grid = batch.get("pixel_values"), batch.get("image_grid_thw")
+    if found is None or not isinstance(pixels, torch.Tensor) or pixels.dim() != 2:
+        return None
+    merge, patch = int(found.group(1)), int(found.group(2))
+    channels = int(_find(config, "num_channels", "in_channels") or 3)
+    side = merge * patch
+    if not isinstance(grid, torch.Tensor) or pixels.numel() % (side * side * channels):
+        return None
+    tiles = pixels.reshape(-1, side, side, channels)
+    return dict(batch, pixel_values=tiles, image_grid_thw=grid // torch.tensor([1, merge, merge]))
 
 
 CHANNELS = re.compile(r"expected input\[(\d+), (\d+), (\d+)\] to have (\d+) channels, but got")
@@ -515,7 +611,6 @@ def fit_channels(batch: dict[str, Any], error: Exception) -> dict[str, Any] | No
     return {"hidden_states": torch.randn(BATCH, channels, length, generator=g)}
 
 
-UNPACK = re.compile(r"not enough values to unpack \(expected (\d+), got (\d+)\)")
 PAIRS = "Input must be a 5D tensor of shape (batch_size, 2,"
 TOO_SMALL = ("Given input with spatial size", "Output size is too small", "too small to be scaled")
 

@@ -85,6 +85,7 @@ SIZES: dict[str, int] = {
             "vit_dim",  # (SAM-HQ: its mask decoder reads its ViT's width)
             "fpn_hidden_size",  # a SAM 2 or 3 neck: its decoders read its features at their width
             "hidden_size_global",  # (BLT: its local encoder and decoder read its global width)
+            "projection_hidden_size",  # (Kimi K2.5's projector reads its vision tower's width)
         ),
         HIDDEN,
     ),
@@ -147,9 +148,14 @@ SIZES: dict[str, int] = {
             "tgt_vocab_size",
             "vocab_size_per_layer_input",
             "encoder_hash_byte_group_vocab",  # (BLT's hashed byte n-gram embeddings)
+            "unpadded_vocab_size",  # (Inkling 2's head: the vocabulary before its padding)
         ),
         VOCAB,
     ),
+    # Sliding-window layers with heads of their own (Inkling 2)
+    **dict.fromkeys(("swa_num_attention_heads",), HEADS),
+    **dict.fromkeys(("swa_num_key_value_heads",), KV_HEADS),
+    **dict.fromkeys(("swa_head_dim",), HEAD_DIM),
     **dict.fromkeys(
         ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"),
         POSITIONS,
@@ -399,6 +405,53 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "longcat_flash": (
         {"head_dim": HEAD_DIM // 2},
         "its rotary embedding is head_dim wide, which must be qk_rope_head_dim (as its default)",
+    ),
+    "muse_spark": (
+        {
+            "out_hidden_size": HIDDEN * 4,
+            "projector_hidden_size": FFN,
+            "text_config": {"moe_hidden_size": HIDDEN},
+        },
+        (
+            "its vision output is its width x 4 (2 x 2 patches merged, no projection), a relation "
+            "no rule knows; its projector and its experts' width have names of their own"
+        ),
+    ),
+    "muse_glimmer": (
+        {"out_hidden_size": HIDDEN * 4, "projector_hidden_size": FFN},
+        "as muse_spark (its text model has no experts)",
+    ),
+    "granite4_vision": (
+        {
+            "downsample_rate": "1/2",
+            "deepstack_layer_map": [[-2, 0], [-1, 1]],
+            "spatial_target_layers": [0, 0, 1, 1],
+        },
+        (
+            "its default leaves its projectors to the checkpoint (no deepstack map, no downsample "
+            "rate) and injects its spatial features at text layers 12-21"
+        ),
+    ),
+    "hunyuan_vl_text": (
+        {"rope_parameters": {"mrope_section": [HEAD_DIM // 8] * 4}},
+        "its default has no M-RoPE sections, which its checkpoints set (it needs 3 axes or more)",
+    ),
+    "hunyuan_vl": (
+        {
+            "text_config": {"rope_parameters": {"mrope_section": [HEAD_DIM // 8] * 4}},
+            "vision_config": {"max_image_size": IMAGE * 4, "min_image_size": IMAGE},
+        },
+        "as hunyuan_vl_text; its position table covers its largest image (2048 pixels)",
+    ),
+    "deepseek_ocr2": (
+        {
+            "text_config": {"mlp_layer_types": ["dense", "sparse"]},
+            "vision_config": {"sam_config": {"downsample_channels": [HIDDEN // 2, HIDDEN]}},
+        },
+        (
+            "its default leaves each layer's MLP kind to the checkpoint (dense first, then "
+            "experts), and its SAM neck's last width (896) must be its vision encoder's width"
+        ),
     ),
     "efficientnet": (
         {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
@@ -824,8 +877,10 @@ def _feature_layers(current: Mapping[str, Any]) -> dict[str, Any]:
 
 def _kv_heads(current: Mapping[str, Any]) -> dict[str, int]:
     """Key/value heads as the full config has them: as many as the query heads, one (multi-
-    query), or a group of them (grouped-query)."""
-    kv, heads = current.get("num_key_value_heads"), current.get("num_attention_heads")
+    query), or a group of them (grouped-query). (A config may name its query heads num_heads,
+    as EXAONE 4.5's vision config does.)"""
+    kv = current.get("num_key_value_heads")
+    heads = current.get("num_attention_heads", current.get("num_heads"))
     if kv is None and "num_key_value_heads" in current and _is_int(heads):
         return {"num_key_value_heads": HEADS}  # (left None by a config that never derives it)
     if not _is_int(kv) or not _is_int(heads):

@@ -31,6 +31,7 @@ from catalog import Target, targets
 from inputs import (
     MAX_SIDE,
     MULTIMODAL,
+    fit_boundary_tokens,
     fit_channels,
     fit_codebooks,
     fit_features_width,
@@ -38,6 +39,7 @@ from inputs import (
     fit_length,
     fit_modality_tokens,
     fit_patch_images,
+    fit_token_tiles,
     larger_images,
     make_batch,
     time_major,
@@ -112,9 +114,11 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
         if error is not None:
             fitted = (
                 fit_modality_tokens(model, batch, config, error)
+                or fit_boundary_tokens(config, batch, error)
                 or fit_length(batch, error)
                 or fit_features_width(batch, error)
                 or fit_patch_images(config, batch, error)
+                or fit_token_tiles(config, batch, error)
                 or fit_images(batch, error)
                 or fit_codebooks(config, batch, error)
                 or fit_channels(batch, error)
