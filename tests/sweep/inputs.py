@@ -40,14 +40,22 @@ class InputError(Exception):
 
 
 def _find(config: PretrainedConfig, *names: str) -> Any:
-    """The first of names set on the config or on one of its parts (text_config...)."""
-    parts = [config] + [v for v in vars(config).values() if isinstance(v, PretrainedConfig)]
-    for part in parts:
-        for name in names:
-            value = getattr(part, name, None)
-            if value is not None:
-                return value
+    """The first of names set on the config or on one of its parts (text_config...), nearest
+    first: a part's own parts too (a speech LM's audio encoder nested in its audio config)."""
+    level = [config]
+    while level:
+        for part in level:
+            for name in names:
+                value = getattr(part, name, None)
+                if value is not None:
+                    return value
+        level = [v for part in level for v in _config_parts(part)]
     return None
+
+
+def _config_parts(config: PretrainedConfig) -> list[PretrainedConfig]:
+    """The config's parts that are configs themselves."""
+    return [v for v in vars(config).values() if isinstance(v, PretrainedConfig)]
 
 
 def _side(value: Any) -> int:
@@ -101,7 +109,8 @@ def make_batch(
     audio_in = "input_values" in params or "input_features" in params
     multimodal = head in MULTIMODAL
     image_in = "pixel_values" in params and not (multimodal and text_only)
-    text_in = not (audio_in and head in ("ctc", "speech_seq2seq"))
+    # (a decoder-only speech LM reads its prompt and transcript as text after the audio)
+    text_in = not (audio_in and (head == "ctc" or (head == "speech_seq2seq" and encoder_decoder)))
     if "input_ids" in params and text_in and not (image_in and head == "image_classification"):
         ids = _ids(g, vocab, (BATCH, SEQ))
         batch["input_ids"] = ids
@@ -142,6 +151,9 @@ def make_batch(
         bins = int(_find(config, "num_mel_bins", "feature_size", "input_feat_per_channel") or 16)
         positions = _find(config, "max_source_positions")
         frames = 2 * int(positions) if positions else 64
+        per_token = _find(config, "audio_length_per_tok")
+        if per_token and ids is not None:  # a streaming model: each token adds its frames' audio
+            frames = ids.shape[1] * int(per_token)
         batch["input_features"] = torch.randn(BATCH, bins, frames, generator=g)
         for mask in _feature_masks(batch, params):  # every frame is speech
             batch[mask] = torch.ones(BATCH, frames, dtype=torch.long)
@@ -371,6 +383,8 @@ def _required(params: Any, name: str) -> bool:
 
 
 MISMATCH = re.compile(r"tokens do not match\D*?(\d+)\D+?(\d+)", re.IGNORECASE)
+# Features scattered into a text that has no placeholder for them (Qwen2-Audio's legacy merge)
+NO_PLACEHOLDER = re.compile(r"cannot be broadcast to indexing result of shape \[0\]")
 TOKEN_IDS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index")
 
 
@@ -388,12 +402,19 @@ def fit_modality_tokens(
     (audio) tokens as the model's features fill, when that is what the error says; else None."""
     found = MISMATCH.search(str(error))
     token = _find(config, *TOKEN_IDS)
-    if "input_ids" not in batch or found is None or not _is_id(token):
+    if "input_ids" not in batch or not _is_id(token):
         return None
-    features = _features_counted(model, int(found.group(1)), int(found.group(2)))
-    if features is None:
+    if found is None:
+        return _placeholders(batch, int(token), error) or _mask_length(batch, error)
+    tokens, features = int(found.group(1)), int(found.group(2))
+    if tokens == features:  # (as many, but not what the model compares)
+        selecting = _selecting_masks(batch)
+        if selecting is not None:
+            return selecting
+    counted = _features_counted(model, tokens, features)
+    if counted is None:
         return None
-    fitted = _with_tokens(batch, int(token), features)
+    fitted = _with_tokens(batch, int(token), counted)
     if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
         fitted["mm_token_type_ids"] = (fitted["input_ids"] == token).long()  # (M-RoPE's)
     return fitted
@@ -446,6 +467,40 @@ def _features_counted(model: torch.nn.Module, tokens: int, features: int) -> int
     if not width or features % width:
         return None
     return features // width
+
+
+def _placeholders(batch: dict[str, Any], token: int, error: Exception) -> dict[str, Any] | None:
+    """Two modality tokens in a text that has none, where the model found nowhere to put its
+    features: a model that expands one token per item itself when none are consecutive (a
+    legacy processor's text) then counts the expanded tokens against its features, and says
+    how many it needs."""
+    if NO_PLACEHOLDER.search(str(error)) is None or (batch["input_ids"] == token).any():
+        return None
+    return _with_tokens(batch, token, 2)
+
+
+def _selecting_masks(batch: dict[str, Any]) -> dict[str, Any] | None:
+    """The batch with its feature masks boolean, where the model counts as many tokens as
+    features yet finds them different: a model that selects its projected features with the
+    mask (Granite Speech's, which a long mask indexes instead); else None."""
+    masks = [n for n in FEATURE_MASKS & set(batch) if batch[n].dtype != torch.bool]
+    return {**batch, **{n: batch[n].bool() for n in masks}} if masks else None
+
+
+MASK_SHAPE = re.compile(r"mask \[(\d+), (\d+)\] at index 1 does not match .* tensor \[\d+, (\d+)")
+
+
+def _mask_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """The batch with its boolean feature masks as long as the features they select, where
+    the model says they do not match (its projected features, fewer than the frames)."""
+    found = MASK_SHAPE.search(str(error))
+    if found is None:
+        return None
+    frames, length = int(found.group(2)), int(found.group(3))
+    masks = [n for n in FEATURE_MASKS & set(batch) if batch[n].dtype == torch.bool]
+    masks = [n for n in masks if batch[n].shape[-1] == frames]
+    ones = torch.ones(BATCH, length, dtype=torch.bool)
+    return {**batch, **dict.fromkeys(masks, ones)} if masks else None
 
 
 def _is_id(value: Any) -> bool:
@@ -547,6 +602,36 @@ def fit_features_width(batch: dict[str, Any], error: Exception) -> dict[str, Any
         return None
     g = torch.Generator().manual_seed(SEED)
     return _with_masks(batch, torch.randn(BATCH, SEQ * 4, width, generator=g), SEQ * 4)
+
+
+MATMUL = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x\d+\)")
+WIDER = re.compile(
+    r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton dimension 2"
+)
+
+
+def fit_stacked_frames(
+    config: PretrainedConfig, batch: dict[str, Any], error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: time-major features a whole number of times
+    as wide as the mel bins, where the first layer that reads them (a linear layer, or a
+    position encoding added to them) says so: stacked frames (Granite Speech 5 reads each
+    frame with its delta, two frames stacked: 4 x 80; Fun-ASR 7 frames: 7 x 80); else None."""
+    features = batch.get("input_features")
+    bins = _find(config, "num_mel_bins")
+    if not isinstance(features, torch.Tensor) or features.dim() != 3:
+        return None
+    if (found := MATMUL.search(str(error))) is not None:
+        rows, width, wanted = (int(x) for x in found.groups())
+    elif (found := WIDER.search(str(error))) is not None:
+        rows, (width, wanted) = features.shape[0] * features.shape[1], map(int, found.groups())
+    else:
+        return None
+    frames = features.shape[0] * features.shape[1]
+    if rows != frames or width != features.shape[2] or width != bins or wanted % width:
+        return None
+    g = torch.Generator().manual_seed(SEED)
+    return _with_masks(batch, torch.randn(BATCH, SEQ * 4, wanted, generator=g), SEQ * 4)
 
 
 def fit_patch_images(
@@ -665,6 +750,54 @@ def fit_codebooks(
         fitted["attention_mask"] = torch.ones(BATCH, ids.shape[1], dtype=torch.long)
     if "labels" in batch:
         fitted["labels"] = rows.view(BATCH, books, -1).transpose(1, 2).contiguous()
+    return fitted
+
+
+STREAMS = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def fit_audio_streams(
+    config: PretrainedConfig, batch: dict[str, Any], error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: text of (batch, length, 1 + codebooks) ids, a
+    text token and one audio code per codebook at each step (Kyutai's speech-to-text embeds
+    the sum of its text and audio streams), where the model says it adds one offset per
+    stream; else None. Its labels stay the text."""
+    found = STREAMS.search(str(error))
+    books = _find(config, "num_codebooks")
+    ids = batch.get("input_ids")
+    if found is None or not _is_id(books) or ids is None or ids.dim() != 2:
+        return None
+    if int(found.group(1)) != ids.shape[1] or int(found.group(2)) != books + 1:
+        return None
+    codes = int(_find(config, "codebook_vocab_size") or books) - 1  # (its last id: a BOS code)
+    g = torch.Generator().manual_seed(SEED)
+    audio = torch.randint(0, codes, (*ids.shape, books), generator=g)
+    return dict(batch, input_ids=torch.cat([ids.unsqueeze(-1), audio], dim=-1))
+
+
+DECODER_CHANNELS = re.compile(r"shape '\[(\d+), (\d+), -1\]' is invalid for input of size")
+
+
+def fit_decoder_channels(
+    config: PretrainedConfig, batch: dict[str, Any], error: Exception
+) -> dict[str, Any] | None:
+    """After a trial forward failed with error: decoder ids of one code per audio channel at
+    each step, (batch, length, channels), where the model says it reads them so (Dia's, whose
+    own reshape of (batch x channels, length) ids then fails to view them), and labels of one
+    row per channel (its logits' rows); else None."""
+    found = DECODER_CHANNELS.search(str(error))
+    ids = batch.get("decoder_input_ids")
+    channels = _find(config, "num_channels")
+    if found is None or ids is None or not _is_id(channels) or ids.dim() != 2:
+        return None
+    if int(found.group(1)) != ids.shape[0] or int(found.group(2)) != channels:
+        return None
+    rows = ids.repeat_interleave(channels, dim=0)
+    codes = rows.view(len(ids), channels, -1).transpose(1, 2).contiguous()
+    fitted = dict(batch, decoder_input_ids=codes)
+    if "labels" in batch and batch["labels"].shape == ids.shape:
+        fitted["labels"] = batch["labels"].repeat_interleave(channels, dim=0)
     return fitted
 
 

@@ -84,6 +84,8 @@ SIZES: dict[str, int] = {
             "backbone_hidden_size",  # a speech LM's depth decoder reads its backbone's width
             "vit_dim",  # (SAM-HQ: its mask decoder reads its ViT's width)
             "fpn_hidden_size",  # a SAM 2 or 3 neck: its decoders read its features at their width
+            "output_dim",  # an audio encoder's projection into its text model's width (Qwen's)
+            "cross_hidden_size",  # what a decoder's cross-attention reads: its encoder's width
             "hidden_size_global",  # (BLT: its local encoder and decoder read its global width)
             "projection_hidden_size",  # (Kimi K2.5's projector reads its vision tower's width)
         ),
@@ -99,6 +101,8 @@ SIZES: dict[str, int] = {
             "decoder_attention_heads",
             "num_encoder_attention_heads",
             "num_decoder_attention_heads",
+            "cross_num_attention_heads",
+            "cross_num_key_value_heads",  # (Dia's cross-attention: as many as its heads)
         ),
         HEADS,
     ),
@@ -118,7 +122,15 @@ SIZES: dict[str, int] = {
         FFN,
     ),
     **dict.fromkeys(
-        ("head_dim", "d_kv", "attention_head_dim", "kv_channels", "linear_head_dim"), HEAD_DIM
+        (
+            "head_dim",
+            "d_kv",
+            "attention_head_dim",
+            "kv_channels",
+            "linear_head_dim",
+            "cross_head_dim",
+        ),
+        HEAD_DIM,
     ),
     # Multi-head latent attention (low-rank keys, values and queries; a rotary part of each head)
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 32),
@@ -217,7 +229,13 @@ ZEROED = (
 DROPOUT = ("dropout", "pdrop", "drop_prob")
 # Values a config derives from its sizes when they are not given.
 DERIVED = ("head_dim", "layer_types", "num_key_value_heads", "transformers_version")
-MODALITY_TOKENS = ("image_token_id", "image_token_index")
+# A modality's placeholder token, which a config may leave to the checkpoint (None)
+MODALITY_TOKENS = (
+    "image_token_id",
+    "image_token_index",
+    "audio_token_id",
+    "audio_token_index",
+)
 TOKEN_ID_SUFFIXES = ("_token_id", "_token_index", "_token_ids")
 
 IMAGE_CODES = 256  # a VQ image tokenizer's codebook (each code a token of the vocabulary)
@@ -267,6 +285,32 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "fun_asr_nano": (
         {"adaptor_config": {"intermediate_size": HIDDEN // 4}},
         "its adaptor's width must be a quarter of the text model's, a relation no rule knows",
+    ),
+    "kyutai_speech_to_text": (
+        {"audio_pad_token_id": VOCAB + 32 * 2049, "audio_bos_token_id": 2048},
+        (
+            "its audio ids index the codebooks (32 of 2049 codes) after the text in one "
+            "embedding, where its pad is the last row and its BOS a code, not text ids"
+        ),
+    ),
+    "gemma4_audio": (
+        {"num_mel_bins": 128},
+        (
+            "its subsampling's projection reads the mel bins as its first conv width (128, its "
+            "feature extractor's bins), which the config does not name: the inputs' bins"
+        ),
+    ),
+    "granite_speech": (
+        {"window_size": 15, "encoder_config": {"hidden_dim": HIDDEN}},
+        (
+            "its projector pools each window of window_size frames into window_size // "
+            "downsample_rate queries: the default's 15 frames (3 queries), not Swin's 4 patches; "
+            "its encoder's width is hidden_dim, a name that is a stage's width elsewhere"
+        ),
+    ),
+    "granite_speech_plus": (
+        {"window_size": 15, "encoder_config": {"hidden_dim": HIDDEN}},
+        "as granite_speech",
     ),
     "esm": (
         {"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32},

@@ -31,14 +31,17 @@ from catalog import Target, targets
 from inputs import (
     MAX_SIDE,
     MULTIMODAL,
+    fit_audio_streams,
     fit_boundary_tokens,
     fit_channels,
     fit_codebooks,
+    fit_decoder_channels,
     fit_features_width,
     fit_images,
     fit_length,
     fit_modality_tokens,
     fit_patch_images,
+    fit_stacked_frames,
     fit_token_tiles,
     larger_images,
     make_batch,
@@ -117,11 +120,14 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
                 or fit_boundary_tokens(config, batch, error)
                 or fit_length(batch, error)
                 or fit_features_width(batch, error)
+                or fit_stacked_frames(config, batch, error)
                 or fit_patch_images(config, batch, error)
                 or fit_token_tiles(config, batch, error)
                 or fit_images(batch, error)
                 or fit_codebooks(config, batch, error)
                 or fit_channels(batch, error)
+                or fit_audio_streams(config, batch, error)
+                or fit_decoder_channels(config, batch, error)
             )
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
