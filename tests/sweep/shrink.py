@@ -84,6 +84,7 @@ SIZES: dict[str, int] = {
             "backbone_hidden_size",  # a speech LM's depth decoder reads its backbone's width
             "vit_dim",  # (SAM-HQ: its mask decoder reads its ViT's width)
             "fpn_hidden_size",  # a SAM 2 or 3 neck: its decoders read its features at their width
+            "mit_hidden_size",  # X-CLIP's frame transformer, as wide as the projection
             "output_dim",  # an audio encoder's projection into its text model's width (Qwen's)
             "cross_hidden_size",  # what a decoder's cross-attention reads: its encoder's width
             "hidden_size_global",  # (BLT: its local encoder and decoder read its global width)
@@ -118,6 +119,7 @@ SIZES: dict[str, int] = {
             "mlp_dim",
             "decoder_intermediate_size",
             "encoder_intermediate_size",
+            "mit_intermediate_size",
         ),
         FFN,
     ),
@@ -238,6 +240,41 @@ MODALITY_TOKENS = (
 )
 TOKEN_ID_SUFFIXES = ("_token_id", "_token_index", "_token_ids")
 
+# PP-OCR detectors' neck: the kernel, stride and padding of each convolution of an intra-class
+# block (their default is None: every checkpoint gives them), as transformers' tests give them.
+INTRACLASS_BLOCK = {
+    "reduce_channel": [1, 1, 0],
+    "return_channel": [1, 1, 0],
+    "vertical_long_to_small_conv_longratio": [[7, 1], [1, 1], [3, 0]],
+    "vertical_long_to_small_conv_midratio": [[5, 1], [1, 1], [2, 0]],
+    "vertical_long_to_small_conv_shortratio": [[3, 1], [1, 1], [1, 0]],
+    "horizontal_small_to_long_conv_longratio": [[1, 7], [1, 1], [0, 3]],
+    "horizontal_small_to_long_conv_midratio": [[1, 5], [1, 1], [0, 2]],
+    "horizontal_small_to_long_conv_shortratio": [[1, 3], [1, 1], [0, 1]],
+    "symmetric_conv_long_longratio": [[7, 7], [1, 1], [3, 3]],
+    "symmetric_conv_long_midratio": [[5, 5], [1, 1], [2, 2]],
+    "symmetric_conv_long_shortratio": [[3, 3], [1, 1], [1, 1]],
+}
+# A PP-LCNetV4 backbone as PP-OCRv6's detectors read it (transformers' tests' own): every stage
+# an output (its default outputs the last alone, where their necks read one per stage), and
+# its blocks (kernel, in, out, stride, squeeze-excitation), where its widths are, 16 wide.
+PP_LCNET_V4 = {
+    "model_type": "pp_lcnet_v4",
+    "out_features": ["stage1", "stage2", "stage3", "stage4"],
+    "stem_channels": [3, 16, 16],
+    "block_configs": [
+        [[3, 16, 16, 1, True]],
+        [[3, 16, 16, 2, False], [3, 16, 16, 1, False]],
+        [[3, 16, 16, 2, False], [3, 16, 16, 1, True]],
+        [[3, 16, 16, 2, False], [5, 16, 16, 1, True], [5, 16, 16, 1, False]],
+    ],
+}
+PP_OCR_NECK = {
+    "intraclass_block_config": INTRACLASS_BLOCK,
+    "scale_factor_list": [1, 2, 4, 8],
+    "kernel_list": [3, 2, 2],
+    "neck_out_channels": 32,
+}
 IMAGE_CODES = 256  # a VQ image tokenizer's codebook (each code a token of the vocabulary)
 
 
@@ -342,8 +379,15 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         ),
     ),
     "vitmatte": (
-        {"fusion_hidden_sizes": [64, 32, 16, 8]},
-        "its default is a tuple, which its model prepends a list to (a transformers bug)",
+        {
+            "fusion_hidden_sizes": [64, 32, 16, 8],
+            "backbone_config": {"model_type": "vitdet", "patch_size": 16},
+        },
+        (
+            "its default is a tuple, which its model prepends a list to (a transformers bug); its "
+            "fusion upsamples the ViT's patches x2 per detail stage (3, each half the size): the "
+            "patches must stay 16 pixels"
+        ),
     ),
     "qwen2_5_omni_thinker": (
         {"vision_start_token_id": VOCAB - SPECIAL_TOKENS},
@@ -363,6 +407,92 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         (
             "in training its text must be exactly as long as its grid of axial positions (64 x 64 "
             "by default), whose two widths add up to the hidden size; its chunks are cut to fit"
+        ),
+    ),
+    "pp_ocrv5_server_det": (
+        PP_OCR_NECK,
+        (
+            "its neck's block layout, upsampling factors and head kernels default to None "
+            "(checkpoints give them); its 256-wide neck is not named as a width"
+        ),
+    ),
+    "pp_ocrv6_medium_det": (
+        {**PP_OCR_NECK, "backbone_config": PP_LCNET_V4},
+        "as pp_ocrv5_server_det, and its backbone's widths are in its block list (PP_LCNET_V4)",
+    ),
+    "pp_ocrv6_small_det": (
+        {
+            "backbone_config": PP_LCNET_V4,
+            "layer_list_out_channels": [16, 16, 16, 16],
+            "neck_out_channels": 32,
+        },
+        (
+            "its neck reads one stage of its backbone each, as wide as layer_list_out_channels "
+            "says: the backbone's widths are in its block list (PP_LCNET_V4)"
+        ),
+    ),
+    "pp_doclayout_v2": (
+        {"class_thresholds": [0.5, 0.5], "class_order": [0, 1]},
+        (
+            "its reading-order head reads a score threshold and an order for each of its labels "
+            "(two by default), which its default leaves None (checkpoints give them)"
+        ),
+    ),
+    "pp_doclayout_v3": (
+        {"x4_feat_dim": 32},
+        "its mask branch reads its backbone's first stage, as wide as x4_feat_dim must say (32 small)",
+    ),
+    "uvdoc": (
+        {
+            "backbone_config": {
+                "model_type": "uvdoc_backbone",
+                "out_features": [f"stage{i}" for i in range(1, 7)],
+            }
+        },
+        "its bridge concatenates every stage of its backbone, whose default outputs the last alone",
+    ),
+    "lilt": (
+        {"hidden_size": 96},
+        "its layout embedding concatenates 6 slices of a sixth of the hidden size each",
+    ),
+    "perceiver": (
+        {
+            "d_latents": HIDDEN,
+            "num_latents": 16,
+            "num_self_attends_per_block": LAYERS,
+            "max_position_embeddings": 16,
+        },
+        (
+            "its latents' width, count and self-attention layers have names of their own; its "
+            "masked-LM decoder queries max_position_embeddings positions, as long as the text "
+            "must be (the sweep's 16 tokens)"
+        ),
+    ),
+    "superglue": (
+        {
+            "keypoint_detector_config": {
+                "model_type": "superpoint",
+                "descriptor_decoder_dim": HIDDEN,
+            }
+        },
+        "it matches its keypoint detector's descriptors, which must be as wide as its hidden size",
+    ),
+    "depth_pro": (
+        {"intermediate_hook_ids": [LAYERS - 1, 0]},
+        "its fusion reads these layers of its patch encoder (a part), which the small one must have",
+    ),
+    "efficientloftr": (
+        {"num_attention_heads": 8, "num_key_value_heads": 8},
+        (
+            "its 2-D rotary embedding fills half the hidden size with 4 heads' worth of "
+            "frequencies (partial_rotary_factor 4): a head must stay an eighth of it, 8 heads"
+        ),
+    ),
+    "chmv2": (
+        {"backbone_config": {"return_class_token": True}},
+        (
+            "its head reads the class token of each backbone stage, which its default sets outside "
+            "DINOv3's own arguments (so the part's shrunk arguments lose it)"
         ),
     ),
     "qwen4_exp_text": (
@@ -608,9 +738,13 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     kwargs.update({k: v for k, v in OFFLINE.items() if current.get(k) is True})
     kwargs.update(_rotary_dim(current, kwargs))
     kwargs.update(_per_layer(current, kwargs))
-    kwargs.update(_chained_stages(current, kwargs))
+    kwargs.update(_kv_heads_per_layer(current, kwargs))
+    if "stage_out_channels" in _arguments(cls):  # (else derived from its blocks: PP-LCNet's)
+        kwargs.update(_chained_stages(current, kwargs))
     kwargs.update(_hiera_stages(current, kwargs))
     kwargs.update(_backbone_outputs(current, kwargs))
+    kwargs.update(_stem_width(current, kwargs))
+    kwargs.update(_layout_widths(current, kwargs))
     if current.get("is_encoder_decoder") and current.get("decoder_start_token_id") is None:
         # Needed to shift labels right; checkpoints carry it in their generation config.
         kwargs["decoder_start_token_id"] = current.get("pad_token_id") or 0
@@ -761,6 +895,29 @@ def _chained_stages(current: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[
     if isinstance(current.get("stage_numb_of_layers"), list):
         small["stage_numb_of_layers"] = [2] * len(outs)
     return small
+
+
+def _stem_width(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, int]:
+    """A stem as wide as the first of the (shrunk) per-stage widths where it was (TextNet's
+    first width is its stem's output, which its first stage reads)."""
+    stem, widths = current.get("stem_out_channels"), current.get("hidden_sizes")
+    small = kwargs.get("hidden_sizes")
+    if not (_is_int(stem) and isinstance(widths, list) and widths and isinstance(small, list)):
+        return {}
+    return {"stem_out_channels": small[0]} if widths[0] == stem else {}
+
+
+def _layout_widths(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, int]:
+    """A layout model's box embedding widths, which together fill the hidden size (LayoutLMv3
+    adds 4 coordinates and 2 shapes, concatenated, to its tokens): as many widths filling the
+    small hidden size."""
+    coordinate, shape = current.get("coordinate_size"), current.get("shape_size")
+    hidden, small = current.get("hidden_size"), kwargs.get("hidden_size")
+    if not all(_is_int(v) for v in (coordinate, shape, hidden, small)):
+        return {}
+    if 4 * coordinate + 2 * shape != hidden or small % 2:
+        return {}
+    return {"coordinate_size": small // 6, "shape_size": (small - 4 * (small // 6)) // 2}
 
 
 def _encoder_inputs(
@@ -930,6 +1087,20 @@ def _kv_heads(current: Mapping[str, Any]) -> dict[str, int]:
     if not _is_int(kv) or not _is_int(heads):
         return {}
     return {"num_key_value_heads": HEADS if kv == heads else 1 if kv == 1 else KV_HEADS}
+
+
+def _kv_heads_per_layer(current: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Key/value heads given per layer (Sapiens2's: full attention in its first and last layers,
+    grouped-query between), each as _kv_heads keeps one: as many as the (fewer) query heads,
+    one, or a group."""
+    heads = current.get("num_attention_heads")
+    small: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        per_layer = isinstance(value, list) and value and all(_is_int(v) for v in value)
+        if "key_value_heads" not in name or not per_layer or not _is_int(heads):
+            continue
+        small[name] = [HEADS if v == heads else 1 if v == 1 else KV_HEADS for v in value]
+    return small
 
 
 def _customised(part: PretrainedConfig) -> dict[str, Any]:
