@@ -213,6 +213,10 @@ STAGE_LISTS: dict[str, str] = {
     "num_attention_heads_per_stage": "heads",
 }
 TIMM = ("timm_backbone", "timm_wrapper")
+# Models that read a timm backbone's own output (EdgeTAM: timm's features_only list of stage
+# maps as last_hidden_state), which no transformers backbone gives: their timm part is kept,
+# and they need timm as their checkpoints do.
+READS_TIMM = ("edgetam_vision_model",)
 LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids", "_attn_indexes")
 # Offline: never a pretrained backbone from the hub, never timm's (not installed).
 OFFLINE = {"use_pretrained_backbone": False, "use_timm_backbone": False}
@@ -757,7 +761,7 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     if _is_int(vocab):
         kwargs.update(_token_ids(current, vocab))
     for name, part in parts.items():
-        if part.model_type in TIMM:
+        if part.model_type in TIMM and config.model_type not in READS_TIMM:
             kwargs[name] = _resnet_backbone(part)
             continue
         small = {**_customised(part), **shrunk_arguments(part)}
