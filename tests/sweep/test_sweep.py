@@ -18,7 +18,7 @@ from inputs import make_batch
 from report import representative, summary
 from shrink import shrink
 from traits import traits
-from worker import build
+from worker import build, repeatable_seed
 
 SWEEP = Path(__file__).with_name("sweep.py")
 
@@ -57,6 +57,26 @@ def test_the_shrinker_keeps_grouped_and_multi_query_attention() -> None:
     assert mistral.config.num_key_value_heads < mistral.config.num_attention_heads
     assert "attention:mha" not in traits(falcon, falcon.config, {}, "causal_lm")
     assert "positions:absolute" in traits(gpt2, gpt2.config, {}, "causal_lm")
+
+
+def test_a_hierarchical_backbone_keeps_its_stages_consistent() -> None:
+    # SAM 2's Hiera: widths double from the patch embedding's, global blocks stay in the
+    # stages they were in, and the vision config's copies of the stages follow the backbone.
+    sam2 = shrink(transformers.Sam2Config, "sam2")
+    hiera = sam2.vision_config.backbone_config
+    widths = hiera.embed_dim_per_stage
+    assert widths[0] == hiera.hidden_size and widths == [widths[0] * 2**i for i in range(4)]
+    assert all(b < sum(hiera.blocks_per_stage) for b in hiera.global_attention_blocks)
+    assert sam2.vision_config.backbone_channel_list == widths[::-1]
+
+
+def test_torch_seed_is_repeatable_in_the_sweep() -> None:
+    # Reformer calls torch.seed() in every training forward: the sweep's runs must agree.
+    seeds = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        seeds.append((repeatable_seed(), torch.randn(3)))
+    assert seeds[0][0] == seeds[1][0] and torch.equal(seeds[0][1], seeds[1][1])
 
 
 def test_traits_come_from_modules() -> None:
