@@ -95,10 +95,17 @@ def _labels(head: str, ids: torch.Tensor | None, classes: int, g: torch.Generato
 
 
 def make_batch(
-    model: torch.nn.Module, head: str, config: PretrainedConfig, text_only: bool = False
+    model: torch.nn.Module,
+    head: str,
+    config: PretrainedConfig,
+    text_only: bool = False,
+    images: bool = False,
 ) -> dict[str, Any]:
     """The keyword arguments of one training step of the model (a multimodal LM's text
-    alone, with text_only)."""
+    alone, with text_only; images with the text of any head that reads them, with images)."""
+    if type(model).forward is torch.nn.Module.forward:
+        # (Bark, the Qwen Omni composites, GLM-Image's VQ model: generate() or encode() only)
+        raise InputError(f"{type(model).__name__} has no forward: no training step to run")
     g = torch.Generator().manual_seed(SEED)
     params = inspect.signature(model.forward).parameters
     vocab = int(_find(config, "vocab_size") or 1024)
@@ -108,18 +115,22 @@ def make_batch(
     seq2seq = head in ("seq2seq_lm", "speech_seq2seq") or (head in MULTIMODAL and encoder_decoder)
     audio_in = "input_values" in params or "input_features" in params
     multimodal = head in MULTIMODAL
-    image_in = "pixel_values" in params and not (multimodal and text_only)
+    image_in = "pixel_values" in params and not (multimodal and text_only) and _sees(config)
     # (a decoder-only speech LM reads its prompt and transcript as text after the audio)
     text_in = not (audio_in and (head == "ctc" or (head == "speech_seq2seq" and encoder_decoder)))
-    if "input_ids" in params and text_in and not (image_in and head == "image_classification"):
+    # (an image classifier reads no text, but a VLM's does: its prompt around its image tokens)
+    prompted = _is_id(_modality_token(config))
+    if (
+        "input_ids" in params
+        and text_in
+        and not (image_in and head == "image_classification" and not prompted)
+    ):
         ids = _ids(g, vocab, (BATCH, SEQ))
         batch["input_ids"] = ids
         if "attention_mask" in params:
             batch["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
-    if "pixel_values" in params and (
-        (image_in and (ids is None or head == "model" or multimodal))
-        or _required(params, "pixel_values")
-    ):
+    shown = ids is None or head in ("model", "image_classification") or multimodal or images
+    if "pixel_values" in params and ((image_in and shown) or _required(params, "pixel_values")):
         channels = int(_find(config, "num_channels", "in_channels") or 3)
         side = _side(_find(config, "image_size", "img_size") or 32)
         frames = _find(config, "num_frames")
@@ -132,8 +143,22 @@ def make_batch(
             if name in params:  # each image's grid of patches (height, width)
                 batch[name] = torch.tensor([[side // patch] * 2] * BATCH)
                 batch["pixel_values"] = _packed(batch["pixel_values"], patch)
+        if "spatial_shapes" not in params and _features_need(model, "pixel_attention_mask"):
+            # (images cut into tiles, padded to as many per item: Granite Docling's; one each)
+            batch["pixel_values"] = batch["pixel_values"].unsqueeze(1)
+            batch["pixel_attention_mask"] = torch.ones(BATCH, 1, dtype=torch.bool)
         if "image_sizes" in params and not frames and _reads_image_sizes(model, config):
             batch["image_sizes"] = torch.tensor([[side, side]] * BATCH)  # (pixels)
+    if "image_token_pooling" in params and "pixel_values" in batch and ids is not None:
+        batch.update(_pooled_crops(config, g))
+    if "image_encoder_embeddings" in params and "pixel_values" in batch and ids is not None:
+        # (IDEFICS: each token cross-attends to the images its (text, images) mask lets it see)
+        batch["pixel_values"] = batch["pixel_values"].unsqueeze(1)  # one image each
+        batch["image_attention_mask"] = torch.ones(BATCH, SEQ, 1, dtype=torch.long)
+    if "prompt_pixel_values" in params and "prompt_masks" in params and "pixel_values" in batch:
+        batch.update(_prompted_images(config, g))
+    if "image_embeds_position_mask" in params and "pixel_values" in batch and ids is not None:
+        batch["image_embeds_position_mask"] = _image_positions(config)
     frames, bins = _find(config, "max_length"), _find(config, "num_mel_bins")
     alone = ids is None and "pixel_values" not in batch  # audio is what the model reads
     if "input_values" in params and (alone or _required(params, "input_values")):
@@ -143,10 +168,14 @@ def make_batch(
             batch["input_values"] = torch.randn(BATCH, int(channels), WAVEFORM, generator=g)
         else:
             batch["input_values"] = torch.randn(BATCH, WAVEFORM, generator=g)
+    if "padding_mask" in params and head == "ctc" and "input_values" in batch:
+        # (a CTC loss over the frames the mask of real samples leaves: OmniASR's)
+        batch["padding_mask"] = torch.ones(batch["input_values"].shape, dtype=torch.long)
     if "input_features" in params and (
         (alone and "input_values" not in batch)
         or _required(params, "input_features")
         or (seq2seq and "pixel_values" not in batch)
+        or "return_loss" in params  # (a contrastive model: audio paired with its text)
     ):
         bins = int(_find(config, "num_mel_bins", "feature_size", "input_feat_per_channel") or 16)
         positions = _find(config, "max_source_positions")
@@ -157,6 +186,15 @@ def make_batch(
         batch["input_features"] = torch.randn(BATCH, bins, frames, generator=g)
         for mask in _feature_masks(batch, params):  # every frame is speech
             batch[mask] = torch.ones(BATCH, frames, dtype=torch.long)
+    if "pixel_position_ids" in params and "pixel_values" in batch:
+        batch.update(_positioned_patches(config, g))
+    if "flattened_patches" in params and not batch:
+        batch.update(_numbered_patches(config, g))
+    if "audio_mel" in params and "audio_mel_mask" in params and not batch:
+        # (Gemma 3n's audio encoder: time-major log-mels, and a mask true where they are padding)
+        bins = int(_find(config, "input_feat_size", "num_mel_bins") or 16)
+        batch["audio_mel"] = torch.randn(BATCH, SEQ * 4, bins, generator=g)
+        batch["audio_mel_mask"] = torch.zeros(BATCH, SEQ * 4, dtype=torch.bool)
     if "duration_labels" in params and ids is not None:
         batch.update(_speech_targets(config, g))
     if "bbox" in params and ids is not None:  # layout models: a box per token
@@ -173,12 +211,22 @@ def make_batch(
             mask = name.replace("input_ids", "attention_mask")
             if mask in params:
                 batch[mask] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    if "task_inputs" in params and "pixel_values" in batch:  # (OneFormer: its task's prompt)
+        length = int(_find(config, "task_seq_len") or SEQ)
+        batch["task_inputs"] = _ids(g, vocab, (BATCH, length))
+    if "classes_structure" in params and "classes_input_ids" in batch:  # each image's classes
+        per_item = len(batch["classes_input_ids"]) // BATCH  # (OmDet-Turbo's prompts, in rows)
+        batch["classes_structure"] = torch.full((BATCH,), per_item, dtype=torch.long)
+    if {"marks", "num_options", "question_type_ids"} <= set(params):
+        batch = _decision(vocab, g)
     if "visual_feats" in params and "visual_pos" in params:  # detected regions (LXMERT)
         width = int(_find(config, "visual_feat_dim") or HIDDEN)
         batch["visual_feats"] = torch.randn(BATCH, REGIONS, width, generator=g)
         batch["visual_pos"] = torch.rand(BATCH, REGIONS, int(_find(config, "visual_pos_dim") or 4))
-    if "grid_thw" in params or "image_grid_thw" in params:
+    if {"grid_thw", "image_grid_thw"} & set(params) or _features_need(model, "image_grid_hw"):
         batch.update(_patches(config, g, params))
+        if _generates_images(model) and "image_grid_thw" in batch:  # (a target grid too)
+            batch["image_grid_thw"] = batch["image_grid_thw"].repeat(2, 1)
     if "pixel_values_videos" in params and (not batch or _required(params, "pixel_values_videos")):
         batch["pixel_values_videos"] = _video(config, g)
     if "spatial_shapes" in params and "pixel_attention_mask" in params:
@@ -201,6 +249,8 @@ def make_batch(
             batch["pixel_attention_mask"] = torch.ones(BATCH, 1, dtype=torch.bool)
     if "shared_kv_states" in params and "inputs_embeds" in params:
         batch = _drafter(config, g)
+    if "noise_embeds" in params and "context_hidden_states" in params and not batch:
+        batch = _block_drafter(config, g)
     if not batch:
         hidden = _find(config, "hidden_size", "d_model")
         embeds = next((n for n in EMBEDS if n in params), None)
@@ -288,6 +338,32 @@ def _drafter(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
     }
 
 
+def _block_drafter(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """A block-diffusion drafter's inputs (Muse Glimmer's assistant, DFlash): the embeddings of
+    a block of masked tokens it denoises, and the hidden states of the backbone's target layers,
+    concatenated, at the tokens accepted before it."""
+    width = int(_find(config, "hidden_size") or HIDDEN)
+    block = int(_find(config, "block_size") or SEQ)
+    layers = len(_find(config, "target_layer_ids") or [0])
+    return {
+        "noise_embeds": torch.randn(BATCH, block, width, generator=g),
+        "context_hidden_states": torch.randn(BATCH, SEQ // 2, width * layers, generator=g),
+    }
+
+
+def _decision(vocab: int, g: torch.Generator) -> dict[str, Any]:
+    """A decision head's prompt (JEV's): one text (its forward reads one) with a question of
+    each type (no/yes, choice, score), each closed by a mark token, whose previous token's state
+    scores the question's options, and the option each question's answer is."""
+    return {
+        "input_ids": _ids(g, vocab, (1, SEQ)),
+        "marks": torch.tensor([[5, 10, 15]]),  # (1-based: the states at tokens 4, 9 and 14)
+        "num_options": torch.tensor([[2, 3, 3]]),
+        "question_type_ids": torch.tensor([[0, 1, 2]]),
+        "labels": torch.tensor([[1, 0, 2]]),
+    }
+
+
 def _trajectory(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
     """An offline RL trajectory (Decision Transformer): states, actions, rewards, returns to
     go and time steps."""
@@ -304,22 +380,81 @@ def _trajectory(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
 
 def _patches(config: PretrainedConfig, g: torch.Generator, params: Any) -> dict[str, Any]:
     """Flattened patches and their (t, h, w) grid, as Qwen2-VL-style vision encoders take
-    them: one image of GRID x GRID patches."""
+    them (or their (h, w) grid, Nemotron-H Omni's): one image of GRID x GRID patches."""
     patch = int(_find(config, "patch_size") or 14)
     temporal = int(_find(config, "temporal_patch_size", "patch_temporal") or 1)
     channels = int(_find(config, "in_channels", "num_channels", "in_chans") or 3)
     merge = int(_find(config, "spatial_merge_size") or 1)
     side = GRID * merge
-    grid_name = "grid_thw" if "grid_thw" in params else "image_grid_thw"
+    grid_name = next(n for n in ("grid_thw", "image_grid_thw", "image_grid_hw") if n in params)
+    grid = [1, side, side] if grid_name.endswith("thw") else [side, side]  # (images alone: h, w)
     pixels = "hidden_states" if "hidden_states" in params else "pixel_values"
     found = {
         pixels: torch.randn(side * side, channels * temporal * patch * patch, generator=g),
-        grid_name: torch.tensor([[1, side, side]]),
+        grid_name: torch.tensor([grid]),
     }
     sizes = "merge_sizes" if "merge_sizes" in params else "image_merge_sizes"
     if sizes in params:  # each image's merge (VideoLLaMA 3's: images and videos merge apart)
         found[sizes] = torch.tensor([merge])
     return found
+
+
+def _pooled_crops(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """An image as Molmo 2's processor gives it: one crop of flattened patches, and its tokens
+    at low and high resolution (a 2 x 2 grid of each), each pooling a 2 x 2 block of patches,
+    its patches' indices in image_token_pooling."""
+    side = _side(_find(config, "image_size") or 32)
+    patch = int(_find(config, "patch_size") or 14)
+    grid = side // patch
+    ids = torch.arange(grid * grid).view(grid // 2, 2, grid // 2, 2).transpose(1, 2)
+    blocks = ids.reshape(-1, 4)  # (tokens, the 4 patches each pools)
+    return {
+        "pixel_values": torch.randn(1, grid * grid, 3 * patch * patch, generator=g),
+        "image_grids": torch.tensor([[grid // 2, grid // 2] * 2]),
+        "image_token_pooling": torch.cat([blocks, blocks]),
+        "image_num_crops": torch.tensor([1]),
+    }
+
+
+def _prompted_images(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """An image, a prompt image and the prompt's mask (SegGPT's in-context segmentation), each
+    half the config's image: the model stacks the prompt above the input."""
+    height, width = (int(x) for x in _find(config, "image_size"))
+    channels = int(_find(config, "num_channels") or 3)
+    shape = (BATCH, channels, height // 2, width)
+    return {
+        "pixel_values": torch.randn(shape, generator=g),
+        "prompt_pixel_values": torch.randn(shape, generator=g),
+        "prompt_masks": torch.randn(shape, generator=g),
+    }
+
+
+def _positioned_patches(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """An image as rows of flattened patches with each patch's (x, y) (Gemma 4's vision
+    encoder): a square of 2 x 2 pooling kernels of patches, which it pools to 4 tokens."""
+    patch = int(_find(config, "patch_size") or 16)
+    kernel = int(_find(config, "pooling_kernel_size") or 1)
+    side = 2 * kernel
+    y, x = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    positions = torch.stack([x.flatten(), y.flatten()], dim=-1)
+    return {
+        "pixel_values": torch.randn(BATCH, side * side, 3 * patch * patch, generator=g),
+        "pixel_position_ids": positions.expand(BATCH, -1, -1).contiguous(),
+    }
+
+
+def _numbered_patches(config: PretrainedConfig, g: torch.Generator) -> dict[str, Any]:
+    """An image as Pix2Struct's processor gives it: rows of flattened patches, each led by its
+    row and column (from 1: 0 is padding), 2 GRID x 2 GRID of them, and their mask."""
+    width = int(_find(config, "patch_embed_hidden_size") or 3 * 16 * 16)
+    numbers = torch.arange(1, 2 * GRID + 1)  # (2 x 2 merged patches a side: as the others')
+    rows, cols = torch.meshgrid(numbers, numbers, indexing="ij")
+    place = torch.stack([rows.flatten(), cols.flatten()], dim=-1).float().expand(BATCH, -1, -1)
+    pixels = torch.randn(BATCH, len(place[0]), width, generator=g)
+    return {
+        "flattened_patches": torch.cat([place, pixels], dim=-1),
+        "attention_mask": torch.ones(BATCH, len(place[0]), dtype=torch.long),
+    }
 
 
 def _packed(pixels: torch.Tensor, patch: int) -> torch.Tensor:
@@ -341,6 +476,36 @@ def _reads_image_sizes(model: torch.nn.Module, config: PretrainedConfig) -> bool
         return True  # (a tokenizer of each image at its own size: Apertus 1.5's)
     towers = (m for name, m in model.named_modules() if name.endswith(VISION_TOWERS))
     return any("image_sizes" in inspect.signature(m.forward).parameters for m in towers)
+
+
+def _image_positions(config: PretrainedConfig) -> torch.Tensor:
+    """Where each item's image tokens are in its text, (batch, length), after its first token:
+    as many as the model's resampler makes (Kosmos-2 writes its image's latent queries there)."""
+    count = int(_find(config, "latent_query_num") or 1)
+    mask = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    mask[:, 1 : 1 + count] = 1
+    return mask
+
+
+def _sees(config: PretrainedConfig) -> bool:
+    """Whether the model has its vision part: not where its vision config is optional and
+    unset (EmbeddingGemma 2's default: text alone, its image path refuses images)."""
+    return not ("vision_config" in vars(config) and config.vision_config is None)
+
+
+def _generates_images(model: torch.nn.Module) -> bool:
+    """Whether the model generates an image from its images (GLM-Image): its grids are its
+    source images' and, last, its target's, which has no pixels."""
+    return any(
+        callable(getattr(m, "get_image_grids_for_generation", None)) for m in model.modules()
+    )
+
+
+def _features_need(model: torch.nn.Module, name: str) -> bool:
+    """Whether the model's image features require the input name, which its forward leaves
+    optional (a mask of each image's real tiles, Granite Docling's; the patch grid of each
+    image, Nemotron-H Omni's)."""
+    return any(_required(_image_features_params(m), name) for m in model.modules())
 
 
 def _image_features_params(module: torch.nn.Module) -> Any:
@@ -383,9 +548,22 @@ def _required(params: Any, name: str) -> bool:
 
 
 MISMATCH = re.compile(r"tokens do not match\D*?(\d+)\D+?(\d+)", re.IGNORECASE)
+FEATURES_FOR = re.compile(r"Got (\d+) feature vectors for (\d+) placeholder tokens")  # (Nemotron's)
+# (GLM-Image's: "placeholder tokens (0) does not match number of image tokens from VQVAE (4)")
+PLACEHOLDERS = re.compile(
+    r"placeholder tokens \((\d+)\) does not match number of \w+ tokens[^(]*\((\d+)\)"
+)
 # Features scattered into a text that has no placeholder for them (Qwen2-Audio's legacy merge)
 NO_PLACEHOLDER = re.compile(r"cannot be broadcast to indexing result of shape \[0\]")
 TOKEN_IDS = ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index")
+VIDEO_TOKEN_IDS = ("video_token_id", "video_token_index")
+
+
+def _modality_token(config: PretrainedConfig) -> Any:
+    """The config's image (audio) placeholder token id, else its video token id (a model of
+    videos alone: InstructBLIP-Video's)."""
+    token = _find(config, *TOKEN_IDS)
+    return token if token is not None else _find(config, *VIDEO_TOKEN_IDS)
 
 
 def time_major(batch: dict[str, Any]) -> dict[str, Any]:
@@ -400,13 +578,17 @@ def fit_modality_tokens(
 ) -> dict[str, Any] | None:
     """After a trial forward failed with error: a batch whose text holds as many image
     (audio) tokens as the model's features fill, when that is what the error says; else None."""
-    found = MISMATCH.search(str(error))
-    token = _find(config, *TOKEN_IDS)
+    found = _mismatch(error)
+    token = _modality_token(config)
     if "input_ids" not in batch or not _is_id(token):
         return None
     if found is None:
-        return _placeholders(batch, int(token), error) or _mask_length(batch, error)
-    tokens, features = int(found.group(1)), int(found.group(2))
+        return (
+            _placeholders(batch, int(token), error)
+            or _mask_length(batch, error)
+            or _token_types(batch, int(token), error)
+        )
+    tokens, features = found
     if tokens == features:  # (as many, but not what the model compares)
         selecting = _selecting_masks(batch)
         if selecting is not None:
@@ -414,10 +596,20 @@ def fit_modality_tokens(
     counted = _features_counted(model, tokens, features)
     if counted is None:
         return None
-    fitted = _with_tokens(batch, int(token), counted)
+    # (where the features were counted in values, the text that many tokens long is cut back)
+    fitted = _with_tokens(batch, int(token), counted, shortest=tokens == features)
     if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
         fitted["mm_token_type_ids"] = (fitted["input_ids"] == token).long()  # (M-RoPE's)
     return fitted
+
+
+def _mismatch(error: Exception) -> tuple[int, int] | None:
+    """The numbers of modality tokens and of features, where the error says they differ."""
+    found = MISMATCH.search(str(error)) or PLACEHOLDERS.search(str(error))
+    if found is not None:
+        return int(found.group(1)), int(found.group(2))
+    found = FEATURES_FOR.search(str(error))
+    return None if found is None else (int(found.group(2)), int(found.group(1)))
 
 
 BOUNDARY = re.compile(r"Expected (\d+) visual boundary tokens with id (\d+), but found 0")
@@ -431,7 +623,7 @@ def fit_boundary_tokens(
     start and end tokens as visual indicators), one per run, on the text token before (the
     config's *_start_token_id) or after (its *_end_token_id) the run; else None."""
     found = BOUNDARY.search(str(error))
-    ids, token = batch.get("input_ids"), _find(config, *TOKEN_IDS)
+    ids, token = batch.get("input_ids"), _modality_token(config)
     if found is None or ids is None or not _is_id(token):
         return None
     wanted, boundary = int(found.group(1)), int(found.group(2))
@@ -479,6 +671,17 @@ def _placeholders(batch: dict[str, Any], token: int, error: Exception) -> dict[s
     return _with_tokens(batch, token, 2)
 
 
+TYPES_REQUIRED = "`mm_token_type_ids` is required"
+
+
+def _token_types(batch: dict[str, Any], token: int, error: Exception) -> dict[str, Any] | None:
+    """The batch with each token's modality (1 for an image token), where the model says it
+    requires them (Molmo 2 in training), and they are not there yet."""
+    if TYPES_REQUIRED not in str(error) or "mm_token_type_ids" in batch:
+        return None
+    return dict(batch, mm_token_type_ids=(batch["input_ids"] == token).long())
+
+
 def _selecting_masks(batch: dict[str, Any]) -> dict[str, Any] | None:
     """The batch with its feature masks boolean, where the model counts as many tokens as
     features yet finds them different: a model that selects its projected features with the
@@ -508,15 +711,18 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _with_tokens(batch: dict[str, Any], token: int, features: int) -> dict[str, Any]:
+def _with_tokens(
+    batch: dict[str, Any], token: int, features: int, shortest: bool = False
+) -> dict[str, Any]:
     """The batch with `features` modality tokens after each row's first token: split between
-    the rows when every row has its own image, else all in the first row."""
+    the rows when every row has its own image, else all in the first row; its text as long as
+    before, or (shortest) as long as the sweep's text or the tokens need."""
     ids = batch["input_ids"]
     per_image = [features // ids.shape[0]] * ids.shape[0]
     pixels = batch.get("pixel_values")
     if not (isinstance(pixels, torch.Tensor) and pixels.dim() == 4 and len(pixels) == len(ids)):
         per_image = [features] + [0] * (ids.shape[0] - 1)
-    length = max(ids.shape[1], max(per_image) + LOW)
+    length = max(SEQ if shortest else ids.shape[1], max(per_image) + LOW)
     rows = []
     for row, n in zip(ids, per_image, strict=True):
         text = row[row != token]
@@ -586,6 +792,25 @@ def fit_length(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None
     return _with_length(batch, name, dims[-1], wanted)
 
 
+FRAMES_DIFFER = re.compile(
+    r"Sizes of tensors must match except in dimension 1\. Expected size (\d+) but got size "
+    r"(\d+) for tensor number 1"
+)
+
+
+def fit_semantic_frames(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: time-major features as many frames as the
+    waveform makes, where the model joins the frames of both (XCodec2's semantic features and
+    acoustic encoding, one frame per 320 samples each); else None."""
+    found = FRAMES_DIFFER.search(str(error))
+    features = batch.get("input_features")
+    if found is None or "input_values" not in batch or not isinstance(features, torch.Tensor):
+        return None
+    if features.dim() != 3 or features.shape[1] != int(found.group(1)):
+        return None
+    return _with_length(batch, "input_features", 1, int(found.group(2)))
+
+
 def _mono(values: Any) -> bool:
     """A batch of (batch, 1, samples) waveforms."""
     return isinstance(values, torch.Tensor) and values.dim() == 3 and values.shape[1] == 1
@@ -602,6 +827,38 @@ def fit_features_width(batch: dict[str, Any], error: Exception) -> dict[str, Any
         return None
     g = torch.Generator().manual_seed(SEED)
     return _with_masks(batch, torch.randn(BATCH, SEQ * 4, width, generator=g), SEQ * 4)
+
+
+PER_TOKEN = re.compile(r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)")
+
+
+def fit_token_labels(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: labels of the next tokens of the text instead of
+    one class per item, where the model's loss reads a label per token (ShieldGemma 2 scores
+    its image with its language model's own loss, its classes two of its tokens); else None."""
+    found = PER_TOKEN.search(str(error))
+    ids, labels = batch.get("input_ids"), batch.get("labels")
+    if found is None or ids is None or labels is None or labels.shape != (len(ids),):
+        return None
+    if int(found.group(2)) != len(ids) or int(found.group(1)) % len(ids):
+        return None
+    return dict(batch, labels=ids.clone())
+
+
+NO_CHANNEL = "Dimension out of range (expected to be in range of [-3, 2], but got 3)"
+
+
+def fit_features_channel(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: log-mel features as a one-channel image,
+    (batch, 1, frames, bins), where the model reads a fourth dimension of them (CLAP's audio
+    encoder, a Swin over the spectrogram); else None."""
+    features = batch.get("input_features")
+    if NO_CHANNEL not in str(error) or not isinstance(features, torch.Tensor):
+        return None
+    if features.dim() != 3:
+        return None
+    major = time_major(batch)
+    return dict(major, input_features=major["input_features"].unsqueeze(1))
 
 
 MATMUL = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x\d+\)")
@@ -654,6 +911,27 @@ def fit_patch_images(
     return dict(batch, pixel_values=pixels.view(len(pixels), -1, patch, patch))
 
 
+PADDED = re.compile(
+    r"shape of the mask \[(\d+), (\d+)\] at index 0 does not match the shape of the indexed "
+    r"tensor \[(\d+), \2\] at index 0"
+)
+
+
+def fit_padded_patches(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
+    """After a trial forward failed with error: flattened patches padded per image, (images,
+    patches, width), where the model unpads them by its grid (ColQwen2's processor pads them);
+    else None."""
+    found = PADDED.search(str(error))
+    pixels, grid = batch.get("pixel_values"), batch.get("image_grid_thw")
+    if found is None or not isinstance(pixels, torch.Tensor) or pixels.dim() != 2:
+        return None
+    if not isinstance(grid, torch.Tensor) or int(found.group(1)) != len(grid):
+        return None
+    if int(found.group(3)) != len(pixels) or len(grid) != 1:
+        return None
+    return dict(batch, pixel_values=pixels.unsqueeze(0))
+
+
 TILES = re.compile(r"shape '\[-1, (\d+), (\d+), \1, \2, \d+\]' is invalid for input of size")
 
 
@@ -683,17 +961,19 @@ CHANNELS = re.compile(r"expected input\[(\d+), (\d+), (\d+)\] to have (\d+) chan
 def fit_channels(batch: dict[str, Any], error: Exception) -> dict[str, Any] | None:
     """After a trial forward failed with error: hidden states channels-first, as many
     channels as the first convolution says (a codec's encoder reads a mono waveform, its
-    decoder latents as wide as its hidden size); else None."""
+    decoder latents as wide as its hidden size, where its latent_dim is its quantizer's:
+    Pocket TTS's decoder); else None."""
     found = CHANNELS.search(str(error))
-    states = batch.get("hidden_states")
+    name = next((n for n in ("hidden_states", "latents") if n in batch), "")
+    states = batch.get(name)
     if found is None or not isinstance(states, torch.Tensor) or states.dim() != 3:
         return None
     if states.shape[1] != int(found.group(2)) or len(batch) != 1:
         return None
     channels = int(found.group(4))
-    length = WAVEFORM if channels == 1 else SEQ
+    length = WAVEFORM if channels == 1 else states.shape[2] if name == "latents" else SEQ
     g = torch.Generator().manual_seed(SEED)
-    return {"hidden_states": torch.randn(BATCH, channels, length, generator=g)}
+    return {name: torch.randn(BATCH, channels, length, generator=g)}
 
 
 PAIRS = "Input must be a 5D tensor of shape (batch_size, 2,"

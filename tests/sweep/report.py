@@ -107,8 +107,8 @@ def summary(results: list[dict[str, Any]], total: int | None = None) -> str:
         named = ", ".join(f"{lib} {n}" for lib, n in libraries.most_common())
         lines.append(
             f"of the {len(unbuilt)} not built: {sum(libraries.values())} need a library not "
-            f"installed here ({named or '-'}), {trackers} are inference-only (a video tracker's "
-            f"session), {len(unbuilt) - sum(libraries.values()) - trackers} other"
+            f"installed here ({named or '-'}), {trackers} have no training step (a video tracker's "
+            f"session, or no forward), {len(unbuilt) - sum(libraries.values()) - trackers} other"
         )
     lines.append(
         f"of the {len(classes)} built that fail: {own} where PyTorch's torch.compile fails on the "
@@ -127,9 +127,10 @@ def _missing_library(result: dict[str, Any]) -> str:
 
 
 def _inference_only(result: dict[str, Any]) -> bool:
-    """A target whose forward reads an inference session (SAM 2's video trackers): it has no
-    training step to run."""
-    return "inference_session" in (result.get("failure") or {}).get("error", "")
+    """A target with no training step to run: its forward reads an inference session (SAM 2's
+    video trackers), or it has no forward at all (generate() or encode() only)."""
+    error = (result.get("failure") or {}).get("error", "")
+    return "inference_session" in error or "has no forward" in error
 
 
 def representative(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

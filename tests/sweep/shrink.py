@@ -144,6 +144,7 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("prediction_length",), 4),
     **dict.fromkeys(("num_frames",), 4),  # a video's frames
     **dict.fromkeys(("num_queries",), 8),  # a detector's object queries (its top-k of anchors)
+    **dict.fromkeys(("latent_query_num",), 8),  # an image's tokens from a resampler (Kosmos-2)
     **dict.fromkeys(("encoder_hidden_dim",), 32),  # a detector's hybrid encoder (RT-DETR)
     **dict.fromkeys(("context_length",), 16),
     **dict.fromkeys(("patch_length", "patch_stride"), 4),
@@ -214,9 +215,10 @@ STAGE_LISTS: dict[str, str] = {
 }
 TIMM = ("timm_backbone", "timm_wrapper")
 # Models that read a timm backbone's own output (EdgeTAM: timm's features_only list of stage
-# maps as last_hidden_state), which no transformers backbone gives: their timm part is kept,
-# and they need timm as their checkpoints do.
-READS_TIMM = ("edgetam_vision_model",)
+# maps as last_hidden_state), or its config (FastVLM's projector reads its width as hidden_size,
+# Perception LM's as model_args["embed_dim"]), which no transformers backbone gives: their timm
+# part is kept, and they need timm as their checkpoints do.
+READS_TIMM = ("edgetam_vision_model", "fast_vlm", "perception_lm")
 LAYER_INDICES = ("_layer_indices", "_layers_idx", "_idxs", "_layer_ids", "_attn_indexes")
 # Offline: never a pretrained backbone from the hub, never timm's (not installed).
 OFFLINE = {"use_pretrained_backbone": False, "use_timm_backbone": False}
@@ -634,6 +636,125 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "efficientnet": (
         {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 320},
         "its default is EfficientNet-B7 (width x2, depth x3.1); hidden_dim follows the width",
+    ),
+    "instructblipvideo": (
+        {"video_token_index": VOCAB - SPECIAL_TOKENS},
+        "its video token is left to the checkpoint (None), and no image token takes its place",
+    ),
+    "molmo2": (
+        {"image_patch_id": VOCAB + 2},
+        (
+            "its image token is image_patch_id (a name no rule reads), in its additional vocabulary"
+            " after the text's, as its default (vocabulary + 2)"
+        ),
+    ),
+    "omdet-turbo": (
+        {
+            "backbone_config": {
+                "model_type": "swin",
+                "embed_dim": STAGE_WIDTH,
+                "depths": [1, 1, 1, 1],
+                "num_heads": [1, 2, 4, 8],
+                "window_size": 4,
+                "out_features": ["stage2", "stage3", "stage4"],
+                "drop_path_rate": 0.0,  # (ZEROED: the generic rules shrank the ResNet it replaces)
+            },
+            "apply_layernorm_after_vision_backbone": False,
+            "decoder_num_layers": LAYERS,
+            "decoder_dim_feedforward": FFN,
+            "encoder_dim_feedforward": FFN,
+            "task_encoder_hidden_dim": FFN,
+        }
+        | dict.fromkeys(("d_model", "decoder_hidden_dim"), HIDDEN // 2)
+        | {"vision_features_channels": [HIDDEN // 2] * 3}  # (its encoder's outputs, d_model wide)
+        | dict.fromkeys(
+            ("text_projection_in_dim", "text_projection_out_dim", "class_embed_dim"), HIDDEN
+        ),
+        (
+            "its backbone is timm's Swin (not installed), whose channels-last stages it normalises "
+            "itself: transformers' Swin, which normalises its stages itself, as wide as its encoder"
+            " reads; its decoder's and text embeddings' widths have names of their own: its class "
+            "and task embeddings are its text model's width, its decoder narrower (half, as its "
+            "default's 256 of 512: where they are equal it builds no projection between them)"
+        ),
+    ),
+    "seggpt": (
+        {
+            "image_size": [2 * IMAGE, IMAGE],
+            "merge_index": 0,
+            "intermediate_hidden_state_indices": [0, 1],
+        },
+        (
+            "its image is its prompt above its input, twice as high as wide (896 x 448); it merges "
+            "the two at layer merge_index and decodes the layers it lists, which 2 layers must have"
+        ),
+    ),
+    "lw_detr": (
+        {"projector_scale_factors": [1.0]},
+        (
+            "its default has no feature level for its decoder (no projector scale: checkpoints give"
+            " them, one level at scale 1 for LW-DETR's smaller ones)"
+        ),
+    ),
+    "glm_image": (
+        {
+            "vq_config": {"latent_channels": HIDDEN, "num_embeddings": IMAGE_CODES},
+            "text_config": {"vision_vocab_size": IMAGE_CODES + 128},
+        },
+        (
+            "its VQ tokenizer reads its vision encoder's features (latent_channels: their width), "
+            "and its codes are token ids of the text: a codebook within the small vocabulary, and "
+            "its head's vision vocabulary the codebook and 128 more, as its default's"
+        ),
+    ),
+    "ernie4_5_vl_moe": (
+        {
+            "text_config": {
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 5e5,
+                    "mrope_section": [3, 3, 2],
+                }
+            }
+        },
+        (
+            "its rotary embedding's sections default in its model code (22, 22, 20: a head of 128),"
+            " not in its config, so no error names them: the small head's (16) in the same "
+            "proportions"
+        ),
+    ),
+    "shieldgemma2": (
+        {"yes_token_index": 100, "no_token_index": 101},
+        (
+            "its classes are the logits of its Yes and No tokens, at ids of Gemma's vocabulary "
+            "(10784, 3771) that its model takes unless its config names them (the small one's "
+            "words)"
+        ),
+    ),
+    "clap": (
+        {
+            "audio_config": {
+                "patch_embeds_hidden_size": HIDDEN // 8,
+                "spec_size": 128,
+                "num_mel_bins": 32,
+            }
+        },
+        (
+            "its Swin doubles its patch width over its 4 stages up to its hidden size (96 x 8 = "
+            "768), and reads the spectrogram as an image of spec_size pixels (4 x its mel bins), "
+            "whose last stage (spec_size / 32 patches a side) must hold a window"
+        ),
+    ),
+    "clvp": (
+        {
+            "text_config": {"num_attention_heads": 2},
+            "speech_config": {"num_attention_heads": 2, "vocab_size": VOCAB},
+        },
+        (
+            "its encoders' rotary embedding is 32 wide at least, which a head must hold (2 heads); "
+            "its speech encoder reads the codes its decoder predicts (the argmax of its logits): "
+            "its vocabulary must be the decoder's, where its default is 256 codes against 8194"
+        ),
     ),
 }
 OVERRIDES["xcodec2"] = (OVERRIDES["neucodec"][0], "as neucodec")
@@ -1175,11 +1296,13 @@ def mrope_sections(error: Exception) -> list[int] | None:
 
 
 def with_rope_sections(config: PretrainedConfig, sections: list[int]) -> dict[str, Any]:
-    """Arguments giving the config, and each part with a rotary embedding, these sections."""
+    """Arguments giving the config, and each part with a rotary embedding, these sections: a
+    part's own parts too (ColQwen2's language model, in the text config of its VLM's config)."""
     extra: dict[str, Any] = {}
-    for name, part in [("", config), *_parts(config).items()]:
-        rope = getattr(part, "rope_parameters", None)
-        if isinstance(rope, Mapping):
-            value = {"rope_parameters": {**rope, "mrope_section": sections}}
-            extra.update(value if not name else {name: value})
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, Mapping):
+        extra["rope_parameters"] = {**rope, "mrope_section": sections}
+    for name, part in _parts(config).items():
+        if nested := with_rope_sections(part, sections):
+            extra[name] = nested
     return extra

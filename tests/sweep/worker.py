@@ -13,6 +13,7 @@ bit for bit. The exit status is 0 whatever the verdict; only a crash makes it no
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -36,12 +37,16 @@ from inputs import (
     fit_channels,
     fit_codebooks,
     fit_decoder_channels,
+    fit_features_channel,
     fit_features_width,
     fit_images,
     fit_length,
     fit_modality_tokens,
+    fit_padded_patches,
     fit_patch_images,
+    fit_semantic_frames,
     fit_stacked_frames,
+    fit_token_labels,
     fit_token_tiles,
     larger_images,
     make_batch,
@@ -120,14 +125,18 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
                 or fit_boundary_tokens(config, batch, error)
                 or fit_length(batch, error)
                 or fit_features_width(batch, error)
+                or fit_features_channel(batch, error)
+                or fit_semantic_frames(batch, error)
                 or fit_stacked_frames(config, batch, error)
                 or fit_patch_images(config, batch, error)
+                or fit_padded_patches(batch, error)
                 or fit_token_tiles(config, batch, error)
                 or fit_images(batch, error)
                 or fit_codebooks(config, batch, error)
                 or fit_channels(batch, error)
                 or fit_audio_streams(config, batch, error)
                 or fit_decoder_channels(config, batch, error)
+                or fit_token_labels(batch, error)
             )
         sections = None if error is None else mrope_sections(error)
         if fitted is not None:
@@ -148,6 +157,10 @@ def build(target: Target) -> tuple[nn.Module, dict[str, Any], Any]:
         if _trial(model, larger) is not None:
             break  # (a model of one image size: GroupViT's)
         batch = larger
+    if _reads_images(model) and "pixel_values" not in batch and _trial(model, batch) is not None:
+        pictured = make_batch(model, target.head, config, images=True)
+        if _trial(model, pictured) is None:  # (a captioner's text alone fails: GIT's loss)
+            batch = pictured
     if target.head in MULTIMODAL and "pixel_values" in batch and _trial(model, batch) is not None:
         text = make_batch(model, target.head, config, text_only=True)
         if _trial(model, text) is None:  # (images that cannot be fitted: the text path alone)
@@ -194,6 +207,11 @@ def _few_values_normalised(model: nn.Module, batch: dict[str, Any]) -> bool:
         for hook in hooks:
             hook.remove()
     return bool(counts) and min(counts) < BATCH_NORM_VALUES
+
+
+def _reads_images(model: nn.Module) -> bool:
+    """Whether the model's forward takes images (which a text head leaves optional)."""
+    return "pixel_values" in inspect.signature(model.forward).parameters
 
 
 def _waveform(batch: dict[str, Any]) -> bool:
