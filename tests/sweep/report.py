@@ -11,6 +11,22 @@ from typing import Any
 MODES = ("eager", "adaptive", "compiled")
 MESSAGE = 90  # characters of an error kept in its class
 REPRESENTATIVE = Path(__file__).with_name("representative.txt")
+# Model types that cannot build here whatever the harness does, by transformers' own doing:
+# model type -> why (shown in the report beside their error).
+CANNOT_BUILD = {
+    "tvp": (
+        "transformers' TvpVisualInputEmbedding.add_2d_positional_embeddings views its (width, "
+        "hidden) column table as (batch, 1, width, hidden): only a batch of one image runs"
+    ),
+    "wavtokenizer_encoder": (
+        "its outputs are integer codes and a mask: no floating output depends on its "
+        "parameters, so there is nothing to train"
+    ),
+    "voxtral_realtime_text": (
+        "transformers' auto mapping names VoxtralRealtimeTextModel, a class transformers "
+        "does not define"
+    ),
+}
 
 
 def mode_passed(result: dict[str, Any], mode: str) -> bool:
@@ -103,12 +119,15 @@ def summary(results: list[dict[str, Any]], total: int | None = None) -> str:
     unbuilt = [r for r in full if not r.get("built")]
     libraries = Counter(_missing_library(r) for r in unbuilt if _missing_library(r))
     trackers = sum(_inference_only(r) for r in unbuilt)
+    bugs = sum(_model_type(r) in CANNOT_BUILD for r in unbuilt)
     if unbuilt:
         named = ", ".join(f"{lib} {n}" for lib, n in libraries.most_common())
+        other = len(unbuilt) - sum(libraries.values()) - trackers - bugs
         lines.append(
             f"of the {len(unbuilt)} not built: {sum(libraries.values())} need a library not "
             f"installed here ({named or '-'}), {trackers} have no training step (a video tracker's "
-            f"session, or no forward), {len(unbuilt) - sum(libraries.values()) - trackers} other"
+            f"session, or no forward), {bugs} cannot build by transformers' own doing (the "
+            f"reasons below), {other} other"
         )
     lines.append(
         f"of the {len(classes)} built that fail: {own} where PyTorch's torch.compile fails on the "
@@ -124,6 +143,28 @@ def _missing_library(result: dict[str, Any]) -> str:
     """The library a target that did not build needs and this machine lacks ('' if none)."""
     found = LIBRARY.search((result.get("failure") or {}).get("error", ""))
     return found.group(1) if found else ""
+
+
+def _model_type(result: dict[str, Any]) -> str:
+    """The target's model type (the key's part before the head)."""
+    return str(result["key"]).split(":", 1)[0]
+
+
+def _unbuilt_reasons(results: list[dict[str, Any]]) -> list[str]:
+    """Rows of the targets that did not build: why, where it is known, and their error."""
+    rows = []
+    for r in sorted(results, key=lambda r: r["key"]):
+        if r.get("built") or r.get("build_only"):
+            continue
+        reason = CANNOT_BUILD.get(_model_type(r)) or (
+            f"needs {_missing_library(r)}, not installed here"
+            if _missing_library(r)
+            else "no training step"
+            if _inference_only(r)
+            else "not yet handled by the shrinker or the input generator"
+        )
+        rows.append(f"| {r['key']} | {reason} | {error_class(r).replace('|', '/')} |")
+    return rows
 
 
 def _inference_only(result: dict[str, Any]) -> bool:
@@ -205,6 +246,12 @@ def write_report(
         "| count | class |",
         "|---|---|",
         *[f"| {n} | {c.replace('|', '/')} |" for c, n in classes.most_common()],
+        "",
+        "## Targets not built",
+        "",
+        "| target | why | error class |",
+        "|---|---|---|",
+        *_unbuilt_reasons(results),
         "",
         f"## Trait coverage of the representative set ({len(chosen)} targets)",
         "",
