@@ -1233,10 +1233,20 @@ def _customised(part: PretrainedConfig) -> dict[str, Any]:
     except values the part derives from its sizes."""
     defaults = type(part)().to_dict()
     return {
-        k: v
+        k: _kinds_once(v, defaults[k])
         for k, v in part.to_dict().items()
         if k not in DERIVED and k in defaults and defaults[k] != v
     }
+
+
+def _kinds_once(value: Any, default: Any) -> Any:
+    """A composite's own list of layer kinds for its part (Nemo Speech LM's 40 hybrid text
+    layers, where its part's class counts its layers by that list), longer than the part's
+    default: each kind once, in order of first use; any other value as it is."""
+    kinds = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    if not kinds or not isinstance(default, list) or len(value) <= max(len(default), LAYERS):
+        return value
+    return list(dict.fromkeys(value))
 
 
 def _merged(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
