@@ -309,8 +309,10 @@ def one_node(spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]) ->
             tensor_index[name] = len(inputs)
         named.append((name, graph_arg(value, inputs, counter)))
     outs = _Outputs(spec, kwargs, inputs, tensor_index, {n: i for i, (n, _) in enumerate(named)})
+    unwanted = _masked_out(named)
     for j in range(len(spec.returns_tensor)):
-        outs.add(j, meta_out[j] if meta_out is not None and j < len(meta_out) else None, dynamic)
+        meta = meta_out[j] if meta_out is not None and j < len(meta_out) else None
+        outs.add(j, None if j in unwanted else meta, dynamic)
     op_name = spec.name if "::" in spec.name else f"aten::{spec.name}"
     node = Node(
         op_name,
@@ -337,6 +339,16 @@ def one_node(spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]) ->
         graph, debug, node, outs.returns, dynamic, outs.out_args, outs.fresh,
         recordable and not cpu_draw, recordable and cpu_draw, takes,
     )  # fmt: skip
+
+
+def _masked_out(named: list[tuple[str, ArgValue]]) -> set[int]:
+    """The outputs a backward op's output_mask leaves out (native_batch_norm_backward's input
+    gradient where the input needs none): the CPU kernel returns no tensor for them, where
+    some Meta kernels (batch norm's) still make one, so they are optional outputs not made."""
+    mask = next((value for name, value in named if name == "output_mask"), None)
+    if not isinstance(mask, (list, tuple)) or not all(isinstance(m, bool) for m in mask):
+        return set()
+    return {j for j, wanted in enumerate(mask) if not wanted}
 
 
 class _Outputs:
