@@ -22,6 +22,15 @@ CANNOT_BUILD = {
         "its outputs are integer codes and a mask: no floating output depends on its "
         "parameters, so there is nothing to train"
     ),
+    "omdet-turbo": (
+        "its text-embedding cache (OmDetTurboLRUCache) keeps step 0's embeddings with their "
+        "autograd graph, so the second training step backwards through a freed graph; a cache "
+        "of size 0 fails on its own (it pops from an empty cache)"
+    ),
+    "qwen3_omni_moe": (
+        "its model reads shared_expert_intermediate_size from its talker's text config, which "
+        "that config class does not define; and it has no forward (generate() only)"
+    ),
     "voxtral_realtime_text": (
         "transformers' auto mapping names VoxtralRealtimeTextModel, a class transformers "
         "does not define"
