@@ -309,11 +309,11 @@ def one_node(spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]) ->
             tensor_index[name] = len(inputs)
         named.append((name, graph_arg(value, inputs, counter)))
     outs = _Outputs(spec, kwargs, inputs, tensor_index, {n: i for i, (n, _) in enumerate(named)})
-    unwanted = _masked_out(named)
+    op_name = spec.name if "::" in spec.name else f"aten::{spec.name}"
+    unwanted = _masked_out(named) if op_name in META_IGNORES_MASK else set()
     for j in range(len(spec.returns_tensor)):
         meta = meta_out[j] if meta_out is not None and j < len(meta_out) else None
         outs.add(j, None if j in unwanted else meta, dynamic)
-    op_name = spec.name if "::" in spec.name else f"aten::{spec.name}"
     node = Node(
         op_name,
         tuple(named),
@@ -341,10 +341,15 @@ def one_node(spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]) ->
     )  # fmt: skip
 
 
+# Backward ops whose Meta kernel makes every output whatever their output_mask says, where the
+# CPU kernel makes none for an output the mask leaves out (batch norm's input gradient when
+# only its weight and bias need one). Others agree with the CPU: layer and group norm and
+# convolution make none either, and grid_sampler_2d_backward makes both on both.
+META_IGNORES_MASK = frozenset(["aten::native_batch_norm_backward.default"])
+
+
 def _masked_out(named: list[tuple[str, ArgValue]]) -> set[int]:
-    """The outputs a backward op's output_mask leaves out (native_batch_norm_backward's input
-    gradient where the input needs none): the CPU kernel returns no tensor for them, where
-    some Meta kernels (batch norm's) still make one, so they are optional outputs not made."""
+    """The outputs the op's output_mask leaves out: optional outputs the op does not make."""
     mask = next((value for name, value in named if name == "output_mask"), None)
     if not isinstance(mask, (list, tuple)) or not all(isinstance(m, bool) for m in mask):
         return set()
