@@ -309,11 +309,9 @@ def one_node(spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]) ->
             tensor_index[name] = len(inputs)
         named.append((name, graph_arg(value, inputs, counter)))
     outs = _Outputs(spec, kwargs, inputs, tensor_index, {n: i for i, (n, _) in enumerate(named)})
-    op_name = spec.name if "::" in spec.name else f"aten::{spec.name}"
-    unwanted = _masked_out(named) if op_name in META_IGNORES_MASK else set()
     for j in range(len(spec.returns_tensor)):
-        meta = meta_out[j] if meta_out is not None and j < len(meta_out) else None
-        outs.add(j, None if j in unwanted else meta, dynamic)
+        outs.add(j, meta_out[j] if meta_out is not None and j < len(meta_out) else None, dynamic)
+    op_name = spec.name if "::" in spec.name else f"aten::{spec.name}"
     node = Node(
         op_name,
         tuple(named),
@@ -339,21 +337,6 @@ def one_node(spec: OpSpec, args: Args, kwargs: Kwargs, tensors: list[Tensor]) ->
         graph, debug, node, outs.returns, dynamic, outs.out_args, outs.fresh,
         recordable and not cpu_draw, recordable and cpu_draw, takes,
     )  # fmt: skip
-
-
-# Backward ops whose Meta kernel makes every output whatever their output_mask says, where the
-# CPU kernel makes none for an output the mask leaves out (batch norm's input gradient when
-# only its weight and bias need one). Others agree with the CPU: layer and group norm and
-# convolution make none either, and grid_sampler_2d_backward makes both on both.
-META_IGNORES_MASK = frozenset(["aten::native_batch_norm_backward.default"])
-
-
-def _masked_out(named: list[tuple[str, ArgValue]]) -> set[int]:
-    """The outputs the op's output_mask leaves out: optional outputs the op does not make."""
-    mask = next((value for name, value in named if name == "output_mask"), None)
-    if not isinstance(mask, (list, tuple)) or not all(isinstance(m, bool) for m in mask):
-        return set()
-    return {j for j, wanted in enumerate(mask) if not wanted}
 
 
 class _Outputs:
@@ -441,7 +424,28 @@ def _meta_outputs(spec: OpSpec, args: Args, kwargs: Kwargs) -> tuple[Args | None
         out = (out,)
     if layouts.chooses_layout(spec.name):  # (the CPU's layout, where Meta's differs)
         out = layouts.as_on_cpu(spec.op, args, kwargs, out)
+    if spec.name in META_IGNORES_MASK:  # (the CPU's outputs, where Meta's differ)
+        out = _masked(spec, args, kwargs, out)
     return out, False
+
+
+# Backward ops whose Meta kernel makes every output whatever their output_mask says, where the
+# CPU kernel makes none for an output the mask leaves out (batch norm's input gradient when
+# only its weight and bias need one). Others agree with the CPU: layer and group norm and
+# convolution make none either, and grid_sampler_2d_backward makes both on both.
+META_IGNORES_MASK = frozenset(["aten::native_batch_norm_backward.default"])
+
+
+def _masked(spec: OpSpec, args: Args, kwargs: Kwargs, out: tuple[OpValue, ...]) -> Args:
+    """The Meta outputs with None for those the op's output_mask leaves out: optional
+    outputs the CPU kernel does not make."""
+    names = spec.positional_names[: len(args)]
+    mask = kwargs.get(
+        "output_mask", args[names.index("output_mask")] if "output_mask" in names else None
+    )
+    if not isinstance(mask, (list, tuple)):
+        return out
+    return tuple(None if j < len(mask) and not mask[j] else o for j, o in enumerate(out))
 
 
 def _makes_sparse(spec: OpSpec, meta_out: Args | None) -> bool:
