@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 import torch
+from shrink import parts_of
 from transformers import PretrainedConfig
 
 SEQ = 16
@@ -49,13 +50,8 @@ def _find(config: PretrainedConfig, *names: str) -> Any:
                 value = getattr(part, name, None)
                 if value is not None:
                     return value
-        level = [v for part in level for v in _config_parts(part)]
+        level = [v for part in level for v in parts_of(part).values()]
     return None
-
-
-def _config_parts(config: PretrainedConfig) -> list[PretrainedConfig]:
-    """The config's parts that are configs themselves."""
-    return [v for v in vars(config).values() if isinstance(v, PretrainedConfig)]
 
 
 def _side(value: Any) -> int:
@@ -472,7 +468,7 @@ def _reads_image_sizes(model: torch.nn.Module, config: PretrainedConfig) -> bool
     tiles images of any resolution (LLaVA-NeXT's anyres), or its image features require it."""
     if _find(config, "image_grid_pinpoints"):
         return True
-    if any(_required(_image_features_params(m), "image_sizes") for m in model.modules()):
+    if _features_need(model, "image_sizes"):
         return True  # (a tokenizer of each image at its own size: Apertus 1.5's)
     towers = (m for name, m in model.named_modules() if name.endswith(VISION_TOWERS))
     return any("image_sizes" in inspect.signature(m.forward).parameters for m in towers)

@@ -824,7 +824,7 @@ def _token_ids(current: Mapping[str, Any], vocab: int) -> dict[str, Any]:
     return moved
 
 
-def _parts(config: PretrainedConfig) -> dict[str, PretrainedConfig]:
+def parts_of(config: PretrainedConfig) -> dict[str, PretrainedConfig]:
     """The config's parts that are configs themselves (text_config, vision_config...)."""
     return {
         name: value
@@ -876,7 +876,7 @@ def shrunk_arguments(config: PretrainedConfig) -> dict[str, Any]:
     if current.get("is_encoder_decoder") and current.get("pad_token_id", 0) is None:
         kwargs["pad_token_id"] = 0  # (labels shifted right are padded with it)
     vocab = kwargs.get("vocab_size", current.get("vocab_size"))
-    parts = _parts(config)
+    parts = parts_of(config)
     if not _is_int(vocab) and any(_is_int(getattr(p, "vocab_size", None)) for p in parts.values()):
         vocab = VOCAB  # a composite config's token ids index its text part's vocabulary
     if _is_int(vocab):
@@ -1312,7 +1312,7 @@ def with_rope_sections(config: PretrainedConfig, sections: list[int]) -> dict[st
     rope = getattr(config, "rope_parameters", None)
     if isinstance(rope, Mapping):
         extra["rope_parameters"] = {**rope, "mrope_section": sections}
-    for name, part in _parts(config).items():
+    for name, part in parts_of(config).items():
         if nested := with_rope_sections(part, sections):
             extra[name] = nested
     return extra
