@@ -87,6 +87,9 @@ def measure(name: str, modes: tuple[str, ...], n_steps: int, warmup: int) -> dic
 
     case = ZOO[name]
     initial = case.build_model()
+    # (a fresh dynamo per model: code shared with the models before, transformers' own
+    # wrappers, would otherwise be recompiled with dynamic sizes)
+    torch._dynamo.reset()
     steps = {mode: stepper(case, initial, mode) for mode in modes}
     warm(steps, warmup)
     compiled_before = torch.neuron.metrics()["executables_compiled"]

@@ -101,12 +101,11 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
                 )
             if executables[bounds] is not None:
                 bound = Bound(executables[bounds])
-        else:
-            for plan in prepared:
-                result = plan.replay(rt, flat)
-                if result is not MISSED:
-                    return result
-        traced = Traced() if bound is None and refused < PREPARE_TRIES else None
+        for plan in prepared:  # (each is one layout of the inputs: in a bucket, one size)
+            result = plan.replay(rt, flat)
+            if result is not MISSED:
+                return result
+        traced = Traced() if refused < PREPARE_TRIES else None
         with compiled_region(rt, bound, draws, traced):
             result = run_graph(*flat)
         if traced is not None:
@@ -118,6 +117,7 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
                         f"{kind} graph from {where}: traced every call ({made})"
                     )
             else:
+                made.bucket_run = bound is not None and not bound.cut
                 prepared = [made, *prepared[: PREPARED - 1]]
         return result
 

@@ -105,6 +105,7 @@ class Prepared:
         self.inputs = inputs
         self.returned = returned
         self.numerics = numerics
+        self.bucket_run = False  # (its trace ran in a shape bucket's executable: counted so)
         ops = cut.ops
         self.scalars = [s for op in ops for s in op.scalars]
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
@@ -145,6 +146,8 @@ class Prepared:
         for k in self.freed_late:
             scratch[k] = None
         rt.count("compiled_replays")
+        if self.bucket_run:
+            rt.count("compiled_bucket_runs")
         return self._returns(flat, devices, scratch)
 
     def _holds(self, flat: list[OpValue]) -> bool:

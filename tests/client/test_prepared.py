@@ -31,17 +31,20 @@ class _Sliced(nn.Module):
         return torch.nn.functional.gelu(h[:, 1:]).sum(-1)
 
 
-def _train(tries: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], dict[str, int]]:
+def _train(
+    tries: int, monkeypatch: pytest.MonkeyPatch, lengths: tuple[int, ...] = (5, 5, 5, 5)
+) -> tuple[list[Any], dict[str, int]]:
+    """Steps on batches of these lengths (several: compiled with dynamic sizes)."""
     monkeypatch.setattr(compiled, "PREPARE_TRIES", tries)
     torch._dynamo.reset()
     with fresh_core():
         torch.manual_seed(0)
         model = _Sliced().to("neuron")
-        forward = torch.compile(model, backend="neuron")
+        forward = torch.compile(model, backend="neuron", dynamic=len(set(lengths)) > 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        ids = torch.randint(0, 20, (3, 5)).to("neuron")
+        batches = [torch.randint(0, 20, (3, n)).to("neuron") for n in lengths]
         steps: list[Any] = []
-        for _ in range(4):
+        for ids in batches:
             before = torch.neuron.metrics()
             loss = forward(ids).square().mean()
             opt.zero_grad()
@@ -63,6 +66,21 @@ def test_a_replayed_region_is_its_trace_in_values_time_and_memory(
     replayed, counts = _train(TRIES, monkeypatch)
     assert traced_counts["compiled_replays"] == 0
     assert counts["compiled_replays"] == counts["compiled_calls"] - 2  # (each graph traced once)
+    for a, b in zip(traced[:-1], replayed[:-1], strict=True):
+        assert a == b  # loss, simulated times, launches, HBM bytes, allocations, memory
+    for a, b in zip(traced[-1], replayed[-1], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_region_in_a_shape_bucket_replays_as_its_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamic sizes: each size of a bucket is traced once, then replayed, in the bucket's
+    executable, with the values, simulated time and memory of a traced call."""
+    lengths = (5, 7, 5, 7, 5, 7)
+    traced, traced_counts = _train(0, monkeypatch, lengths)
+    replayed, counts = _train(TRIES, monkeypatch, lengths)
+    assert traced_counts["compiled_replays"] == 0
+    assert counts["compiled_replays"] == counts["compiled_calls"] - 4  # (each graph, each size)
+    assert counts["compiled_bucket_runs"] == traced_counts["compiled_bucket_runs"] > 0
     for a, b in zip(traced[:-1], replayed[:-1], strict=True):
         assert a == b  # loss, simulated times, launches, HBM bytes, allocations, memory
     for a, b in zip(traced[-1], replayed[-1], strict=True):
