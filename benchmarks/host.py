@@ -221,8 +221,11 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per mode (default 8)")
     parser.add_argument(
-        "--warmup", type=int, default=4, help="untimed steps per mode first, at least (default 4; more, up to 20, until a "
-        "step compiles nothing and takes no newly compiled graph in)"
+        "--warmup",
+        type=int,
+        default=4,
+        help="untimed steps per mode first, at least (default 4; more, up to 20, until a "
+        "step compiles nothing and takes no newly compiled graph in)",
     )
     parser.add_argument(
         "--profile",
