@@ -85,6 +85,10 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
     # PREPARE_TRIES, every call is traced).
     prepared: list[Prepared] = []
     refused = 0
+    cpu_work = _cpu_work(gm)  # (a replay runs none of the graph's Python: never prepared)
+    if cpu_work is not None:
+        refused = PREPARE_TRIES
+        NOTES.unprepared.append(f"{kind} graph from {where}: traced every call ({cpu_work})")
 
     def run(args: list[OpValue]) -> OpValue:
         nonlocal prepared, refused
@@ -157,6 +161,36 @@ def _compile_bucket(
         return None
     NOTES.buckets.append(f"{kind} graph: {where}: bucket compiled")
     return bound.executable
+
+
+def _cpu_work(gm: torch.fx.GraphModule) -> str | None:
+    """What the graph computes or writes on the CPU, if anything (the first such op): those
+    ops run in the graph's Python, not through the device, so a prepared replay, which runs
+    only the region's executable, would skip them (a CPU argument the graph writes, say
+    `step += 1`, would keep its old value)."""
+
+    def on_cpu(value: object) -> bool:
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        value = node.meta.get("val")
+        reads_cpu = any(on_cpu(a.meta.get("val")) for a in node.all_input_nodes)
+        if on_cpu(value) or (reads_cpu and not isinstance(value, (torch.Tensor, tuple, list))):
+            # (a tensor made on the CPU, or a number read from one: .item() in the graph)
+            return f"computes {getattr(target, '__name__', target)} on the CPU"
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            for arg, value in zip(target._schema.arguments, node.args, strict=False):
+                written = arg.alias_info is not None and arg.alias_info.is_write
+                if not written:
+                    continue
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(item, torch.fx.Node) and on_cpu(item.meta.get("val")):
+                        return f"writes a CPU tensor ({target.__name__})"
+    return None
 
 
 def _draws_in_order(gm: torch.fx.GraphModule) -> bool:

@@ -15,6 +15,7 @@ from trnsim.client.modes import compiled
 from tests.client.differential import fresh_core
 
 TRIES = compiled.PREPARE_TRIES
+N = "neuron"
 STEP_METRICS = ("wall_ns", "device_busy_ns", "host_busy_ns", "launches", "hbm_bytes", "allocations")
 
 
@@ -92,7 +93,7 @@ def test_a_call_it_was_not_prepared_for_is_traced() -> None:
         y = torch.ops.aten.relu.default(torch.ops.aten.mm.default(x, w))
         return y, torch.ops.aten.t.default(y)  # (a view of an output)
 
-    gm = make_fx(f)(torch.randn(4, 8), torch.randn(8, 3))
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 8, device=N), torch.randn(8, 3, device=N))
     run = compiled._region("forward", gm, None, True)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(8, 3, generator=g)
@@ -123,8 +124,8 @@ def test_a_view_made_in_the_region_of_an_argument_sharing_a_storage_replays() ->
         t = torch.ops.aten.t.default
         return torch.ops.aten.mm.default(x, q), torch.ops.aten.mm.default(t(kv), t(x))
 
-    w = torch.randn(96, 8)
-    gm = make_fx(f)(torch.randn(4, 8), w[:32].t(), w[32:].t())
+    w = torch.randn(96, 8, device=N)  # (traced on the device, as AOTAutograd's graphs are)
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 8, device=N), w[:32].t(), w[32:].t())
     run = compiled._region("backward", gm, None, True)
     g = torch.Generator().manual_seed(0)
     with fresh_core():
@@ -150,3 +151,23 @@ def test_explain_names_a_region_traced_on_every_call() -> None:
             assert torch.equal(model(x).cpu(), f(x.cpu()))
     rows = [r["unprepared"] for r in compiled.explain() if "unprepared" in r]
     assert any("test_prepared.py" in r and "traced every call (2 graphs)" in r for r in rows)
+
+
+def test_a_graph_that_writes_a_cpu_argument_is_traced_every_call() -> None:
+    """The graph's CPU ops run in its Python, not through the device: a replay, which runs
+    only the region's executable, would leave the CPU argument it writes as it was."""
+
+    def f(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        step.add_(1)  # (as an optimizer counts its steps on the CPU)
+        return x * 2
+
+    torch._dynamo.reset()
+    with fresh_core():
+        run = torch.compile(f, backend="neuron")
+        x, step = torch.ones(4).to("neuron"), torch.zeros(())
+        for n in range(1, 5):
+            assert torch.equal(run(x, step).cpu(), torch.full((4,), 2.0))
+            assert step.item() == n
+        assert torch.neuron.metrics()["compiled_replays"] == 0
+        why = [e["unprepared"] for e in torch.neuron.compiled_explain() if "unprepared" in e]
+        assert any("on the CPU" in w for w in why), why
