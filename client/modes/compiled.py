@@ -85,10 +85,12 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
     # PREPARE_TRIES, every call is traced).
     prepared: list[Prepared] = []
     refused = 0
-    cpu_work = _cpu_work(gm)  # (a replay runs none of the graph's Python: never prepared)
-    if cpu_work is not None:
+    # What the graph computes on the CPU runs in its Python, not through the device: a
+    # replay runs it first, as a graph of its own (None: nothing), or never replays.
+    cpu = _cpu_part(gm)
+    if isinstance(cpu, str):
         refused = PREPARE_TRIES
-        NOTES.unprepared.append(f"{kind} graph from {where}: traced every call ({cpu_work})")
+        NOTES.unprepared.append(f"{kind} graph from {where}: traced every call ({cpu})")
 
     def run(args: list[OpValue]) -> OpValue:
         nonlocal prepared, refused
@@ -110,10 +112,18 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
             if result is not MISSED:
                 return result
         traced = Traced() if refused < PREPARE_TRIES else None
+        seen: _CpuSeen | None = None
         with compiled_region(rt, bound, draws, traced):
-            result = run_graph(*flat)
+            if traced is not None and isinstance(cpu, _CpuPart):
+                seen = _CpuSeen(gm, cpu)  # (the graph run node by node: its CPU values seen)
+                result = seen.run(*flat)
+            else:
+                result = run_graph(*flat)
         if traced is not None:
-            made = prepare(rt, traced, flat, result, _constants(gm))
+            fed = seen.fed if seen is not None else {}
+            made = prepare(rt, traced, flat, result, _constants(gm), fed)
+            if seen is not None:
+                seen.values.clear()
             if isinstance(made, str):
                 refused += 1
                 if refused == PREPARE_TRIES:
@@ -122,6 +132,8 @@ def _region(kind: str, gm: torch.fx.GraphModule, sizes: _SymbolicSizes | None, d
                     )
             else:
                 made.bucket_run = bound is not None and not bound.cut
+                if isinstance(cpu, _CpuPart):
+                    made.cpu_part = cpu.module
                 prepared = [made, *prepared[: PREPARED - 1]]
         return result
 
@@ -163,34 +175,95 @@ def _compile_bucket(
     return bound.executable
 
 
-def _cpu_work(gm: torch.fx.GraphModule) -> str | None:
-    """What the graph computes or writes on the CPU, if anything (the first such op): those
-    ops run in the graph's Python, not through the device, so a prepared replay, which runs
-    only the region's executable, would skip them (a CPU argument the graph writes, say
-    `step += 1`, would keep its old value)."""
+@final
+class _CpuPart:
+    """The ops of a graph that compute or write on the CPU (an optimizer's step counts and
+    bias corrections), as a graph of their own over the same inputs: `module(*inputs)`
+    returns the CPU values the rest of the graph reads (`fed`, in order) and writes the CPU
+    inputs the graph writes. A prepared replay runs it before the region's executable."""
 
-    def on_cpu(value: object) -> bool:
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
+    def __init__(self, module: torch.fx.GraphModule, fed: list[torch.fx.Node]) -> None:
+        self.module = module
+        self.fed = fed
 
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        target = node.target
-        value = node.meta.get("val")
-        reads_cpu = any(on_cpu(a.meta.get("val")) for a in node.all_input_nodes)
-        if on_cpu(value) or (reads_cpu and not isinstance(value, (torch.Tensor, tuple, list))):
-            # (a tensor made on the CPU, or a number read from one: .item() in the graph)
-            return f"computes {getattr(target, '__name__', target)} on the CPU"
-        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
-            for arg, value in zip(target._schema.arguments, node.args, strict=False):
-                written = arg.alias_info is not None and arg.alias_info.is_write
-                if not written:
-                    continue
-                for item in value if isinstance(value, (tuple, list)) else (value,):
-                    if isinstance(item, torch.fx.Node) and on_cpu(item.meta.get("val")):
-                        return f"writes a CPU tensor ({target.__name__})"
+
+def _on_cpu(value: object) -> bool:
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
+
+
+def _cpu_op(node: torch.fx.Node) -> str | None:
+    """Why the node is CPU work (it makes a CPU tensor, reads a number from one, or writes
+    one), or None."""
+    target = node.target
+    value = node.meta.get("val")
+    reads_cpu = any(_on_cpu(a.meta.get("val")) for a in node.all_input_nodes)
+    if _on_cpu(value) or (reads_cpu and not isinstance(value, (torch.Tensor, tuple, list))):
+        # (a tensor made on the CPU, or a number read from one: .item() in the graph)
+        return f"computes {getattr(target, '__name__', target)} on the CPU"
+    if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+        for arg, given in zip(target._schema.arguments, node.args, strict=False):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            for item in given if isinstance(given, (tuple, list)) else (given,):
+                if isinstance(item, torch.fx.Node) and _on_cpu(item.meta.get("val")):
+                    return f"writes a CPU tensor ({target.__name__})"
     return None
+
+
+def _cpu_part(gm: torch.fx.GraphModule) -> _CpuPart | str | None:
+    """The graph's CPU work as a graph of its own (None: it has none), or why it cannot run
+    apart from the rest (it reads a device value, or draws random numbers on the CPU)."""
+    cpu: dict[torch.fx.Node, None] = {}  # (in graph order)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and _cpu_op(node) is not None:
+            cpu[node] = None
+    if not cpu:
+        return None
+    for node in cpu:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and (
+            torch.Tag.nondeterministic_seeded in target.tags
+        ):
+            return f"draws random numbers on the CPU ({target.__name__})"
+        for a in node.all_input_nodes:
+            if a.op not in ("placeholder", "get_attr") and a not in cpu:
+                why = _cpu_op(node)
+                return f"{why}, from a device value"
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = graph.placeholder(node.name)
+        elif node.op == "get_attr" or node in cpu:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    fed = [n for n in cpu if any(u not in cpu for u in n.users)]
+    graph.output(tuple(env[n] for n in fed))
+    return _CpuPart(torch.fx.GraphModule(gm, graph), fed)
+
+
+class _CpuSeen(torch.fx.Interpreter):
+    """A traced call of a graph with CPU work, run node by node: the CPU values the rest of
+    the graph reads, by id (`fed`: id -> (index in the CPU part's outputs, element in a list
+    or -1)), held until the call is prepared (so no other tensor takes their id)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, cpu: _CpuPart) -> None:
+        super().__init__(gm)
+        self.index = {node: k for k, node in enumerate(cpu.fed)}
+        self.fed: dict[int, tuple[int, int]] = {}
+        self.values: list[object] = []
+
+    def run_node(self, n: torch.fx.Node) -> object:
+        result = super().run_node(n)
+        k = self.index.get(n)
+        if k is not None:
+            self.values.append(result)
+            if isinstance(result, (tuple, list)):
+                for j, item in enumerate(result):
+                    self.fed[id(item)] = (k, j)
+            else:
+                self.fed[id(result)] = (k, -1)
+        return result
 
 
 def _draws_in_order(gm: torch.fx.GraphModule) -> bool:

@@ -11,12 +11,18 @@ recorded, it stayed one graph (cut only at its end) and ran fused, and every ten
 read or returned is one of its inputs (or memory within one) or one of the graph's outputs.
 Anything else (a cut, an op run on its own, a constant tensor, a CPU result, pending
 collectives, NEURON_RECORD_SHAPES) keeps the traced path, which is always correct.
+
+What the graph computes on the CPU (an optimizer's step counts: ops that do not go through
+the device) runs in the graph's Python, which a replay does not run: a replay runs those ops
+first, as a graph of their own (client/modes/compiled.py, _CpuPart), and the values they
+make are inputs of the executable, or returned. CPU ops that read a device value or draw
+random numbers keep the region traced.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +37,7 @@ from trnsim.simulator.execute import ExecutionError
 
 Tensor = torch.Tensor
 MISSED = object()  # replay()'s answer when the call is not the prepared one: trace it
+_PENDING = torch.empty(0)  # (an input the CPU part computes, in its place until it has)
 # A tensor argument's guard: (device type, sizes, strides, storage offset, dtype).
 Guard = tuple[str, torch.Size, tuple[int, ...], int, torch.dtype]
 # Sizes, strides, and storage offset from the tensor it is seen in (None: that tensor as it is).
@@ -68,6 +75,7 @@ class _Source:
     clone: bool = False
     scratch: int = -1
     constant: Tensor | None = None
+    cpu: tuple[int, int] | None = None  # (the CPU part's output, element or -1): see compiled
 
 
 @dataclass
@@ -106,6 +114,9 @@ class Prepared:
         self.returned = returned
         self.numerics = numerics
         self.bucket_run = False  # (its trace ran in a shape bucket's executable: counted so)
+        # The graph's CPU work as a graph of its own, run before the executable: the CPU
+        # values it reads (inputs whose source has `cpu`), and the CPU inputs it writes.
+        self.cpu_part: Callable[..., tuple[object, ...]] | None = None
         ops = cut.ops
         self.scalars = [s for op in ops for s in op.scalars]
         hosts = [h for op in ops if op.entry is not None for h in op.hosts]
@@ -137,7 +148,11 @@ class Prepared:
         rt.count("cut_region_end")
         state.history.seen += 1
         scratch = self._allocate(rt)
-        hosts = self._input_hosts(rt, flat, scratch)
+        hosts = self._input_hosts(rt, flat, scratch)  # (CPU arguments copied as they are now)
+        cpu = self.cpu_part(*flat) if self.cpu_part is not None else ()
+        for k, source in enumerate(self.inputs):
+            if source.cpu is not None:
+                hosts[k] = _cpu_value(cpu, source.cpu)
         for k in self.freed:  # (their memory is freed where the traced run's buffer let go)
             scratch[k] = None
         made = self._fresh_hosts(rt.numerics)
@@ -148,7 +163,7 @@ class Prepared:
         rt.count("compiled_replays")
         if self.bucket_run:
             rt.count("compiled_bucket_runs")
-        return self._returns(flat, devices, scratch)
+        return self._returns(flat, devices, scratch, cpu)
 
     def _holds(self, flat: list[OpValue]) -> bool:
         guards = self.guards
@@ -179,9 +194,13 @@ class Prepared:
     def _input_hosts(
         self, rt: runtime.Runtime, flat: list[OpValue], scratch: list[Tensor | None]
     ) -> list[Tensor]:
-        hosts = []
+        """The executable's inputs; those the CPU part computes are left for replay()."""
+        hosts: list[Tensor] = []
         host_alias = rt.memory.host_alias
         for source in self.inputs:
+            if source.cpu is not None:  # (computed by the CPU part: see replay)
+                hosts.append(_PENDING)
+                continue
             if source.constant is not None:
                 t = source.constant
             elif source.scratch >= 0:
@@ -248,11 +267,17 @@ class Prepared:
         return devices
 
     def _returns(
-        self, flat: list[OpValue], devices: list[Tensor], scratch: list[Tensor | None]
+        self,
+        flat: list[OpValue],
+        devices: list[Tensor],
+        scratch: list[Tensor | None],
+        cpu: tuple[object, ...],
     ) -> OpValue:
         items: list[OpValue] = []
         for kind, what in self.returned.items:
-            if kind == "constant":
+            if kind == "cpu":
+                items.append(_cpu_value(cpu, what))  # type: ignore[arg-type]
+            elif kind == "constant":
                 items.append(what)  # type: ignore[arg-type]
             elif kind == "same":
                 items.append(items[what])  # type: ignore[call-overload]
@@ -265,6 +290,14 @@ class Prepared:
                 assert isinstance(base, Tensor)
                 items.append(_seen(base, what.geometry))
         return self.returned.container(items)
+
+
+def _cpu_value(cpu: tuple[object, ...], where: tuple[int, int]) -> Tensor:
+    """The CPU part's output `where` names (see _Source.cpu)."""
+    k, j = where
+    value = cpu[k] if j < 0 else cpu[k][j]  # type: ignore[index]
+    assert isinstance(value, Tensor)
+    return value
 
 
 # -- preparing: what the traced call did, read back --------------------------------------------
@@ -332,9 +365,12 @@ def prepare(
     flat: list[OpValue],
     result: OpValue,
     constants: dict[int, Tensor],
+    cpu_fed: dict[int, tuple[int, int]] | None = None,
 ) -> Prepared | str:
     """The traced call as a Prepared region, or why it cannot be one. `constants`: the
-    graph's own tensors (get_attr), by id."""
+    graph's own tensors (get_attr), by id; `cpu_fed`: the values its CPU part computes, by
+    id (see compiled._CpuSeen)."""
+    cpu_fed = cpu_fed or {}
     counts = rt.metrics.counts
     flushes = traced.flushes
     if len(flushes) != 1 or flushes[0][0] != "region_end":
@@ -363,7 +399,7 @@ def prepare(
         else:
             return f"an argument of type {type(value).__name__}"
     aliases, by_storage = _aliases(flat)
-    made = _inputs(flat, read, by_storage, constants)
+    made = _inputs(flat, read, by_storage, constants, cpu_fed)
     if isinstance(made, str):
         return made
     inputs, scratch = made
@@ -380,7 +416,7 @@ def prepare(
     if 0 in fresh or len(fresh) != len(seen):
         return "outputs without memory of their own"
     allocated = {ptr: (index[ptr], scratch.made[ptr]) for ptr in ordered}
-    returned = _returned(result, flat, by_storage, seen, allocated)
+    returned = _returned(result, flat, by_storage, seen, allocated, cpu_fed)
     if isinstance(returned, str):
         return returned
     kept = {
@@ -479,6 +515,7 @@ def _inputs(
     read: list[Read],
     by_storage: dict[int, list[int]],
     constants: dict[int, Tensor],
+    cpu_fed: dict[int, tuple[int, int]],
 ) -> tuple[list[_Source], _Scratch] | str:
     """Where each tensor the buffer read comes from: an argument (or memory within one), a
     constant of the graph, or memory allocated while tracing (its storage, for now)."""
@@ -490,7 +527,11 @@ def _inputs(
         constant = constants.get(r.ident) if i is None else None
         if r.cpu:
             if i is None and constant is None:
-                return "a CPU tensor made in the graph"
+                made_by = cpu_fed.get(r.ident)
+                if made_by is None:
+                    return "a CPU tensor made in the graph, not by its CPU ops"
+                inputs.append(_Source(-1, 0, None, cpu=made_by))
+                continue
             inputs.append(_Source(-1 if i is None else i, 0, None, True, constant=constant))
             continue
         if not r.plain:
@@ -551,6 +592,7 @@ def _returned(
     by_storage: dict[int, list[int]],
     seen: list[Tensor],
     allocated: dict[int, tuple[int, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]],
+    cpu_fed: dict[int, tuple[int, int]],
 ) -> _Returned | str:
     """How each returned item is rebuilt: from an argument, an output, an allocation made
     while tracing (`allocated`: by storage, its index and allocation), or as a constant."""
@@ -569,6 +611,9 @@ def _returned(
             items.append(("same", first[id(value)]))
             continue
         first[id(value)] = k
+        if value.is_cpu and id(value) in cpu_fed:  # (computed by the CPU part)
+            items.append(("cpu", cpu_fed[id(value)]))
+            continue
         if value.is_cpu or value.is_conj() or value.is_neg():
             return "returns a CPU tensor" if value.is_cpu else "returns a lazily conjugated view"
         ptr = value.untyped_storage().data_ptr()

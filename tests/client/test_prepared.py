@@ -153,21 +153,68 @@ def test_explain_names_a_region_traced_on_every_call() -> None:
     assert any("test_prepared.py" in r and "traced every call (2 graphs)" in r for r in rows)
 
 
-def test_a_graph_that_writes_a_cpu_argument_is_traced_every_call() -> None:
-    """The graph's CPU ops run in its Python, not through the device: a replay, which runs
-    only the region's executable, would leave the CPU argument it writes as it was."""
+def test_a_graph_that_writes_a_cpu_argument_replays_its_cpu_ops() -> None:
+    """The graph's CPU ops run in its Python, not through the device: a replay runs them
+    first, as a graph of their own, so the CPU argument it writes is written every call."""
 
-    def f(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    def f(x: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         step.add_(1)  # (as an optimizer counts its steps on the CPU)
-        return x * 2
+        return x * step, step * 3  # (a CPU value read by the device, and one returned)
 
     torch._dynamo.reset()
     with fresh_core():
         run = torch.compile(f, backend="neuron")
         x, step = torch.ones(4).to("neuron"), torch.zeros(())
-        for n in range(1, 5):
-            assert torch.equal(run(x, step).cpu(), torch.full((4,), 2.0))
-            assert step.item() == n
+        for n in range(1, 6):
+            y, z = run(x, step)
+            assert step.item() == n and z.item() == 3 * n
+            assert torch.equal(y.cpu(), torch.full((4,), float(n)))
+        assert torch.neuron.metrics()["compiled_replays"] == 4  # (the first call traced)
+
+
+def test_cpu_ops_fed_by_a_device_value_keep_the_region_traced() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x.sum().cpu() + 1
+
+    torch._dynamo.reset()
+    with fresh_core():
+        run = torch.compile(f, backend="neuron")
+        for n in range(4):
+            y, z = run(torch.full((4,), float(n)).to("neuron"))
+            assert z.item() == 4 * n + 1 and torch.equal(y.cpu(), torch.full((4,), 2.0 * n))
         assert torch.neuron.metrics()["compiled_replays"] == 0
         why = [e["unprepared"] for e in torch.neuron.compiled_explain() if "unprepared" in e]
-        assert any("on the CPU" in w for w in why), why
+        assert any("from a device value" in w for w in why), why
+
+
+def _adam(tries: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], dict[str, int]]:
+    """torch.optim.Adam's step compiled, its step counts on the CPU (capturable=False)."""
+    monkeypatch.setattr(compiled, "PREPARE_TRIES", tries)
+    torch._dynamo.reset()
+    with fresh_core():
+        g = torch.Generator().manual_seed(0)
+        params = [nn.Parameter(torch.randn(5, 3, generator=g).to("neuron")) for _ in range(2)]
+        opt = torch.optim.Adam(params, lr=0.1)
+        step = torch.compile(opt.step, backend="neuron")
+        steps: list[Any] = []
+        for _ in range(4):
+            for p in params:
+                p.grad = torch.randn(5, 3, generator=g).to("neuron")
+            before = torch.neuron.metrics()
+            step()
+            torch.neuron.synchronize()
+            after = torch.neuron.metrics()
+            steps.append([after[k] - before[k] for k in STEP_METRICS])
+        steps.append([p.detach().cpu() for p in params] + [opt.state[p]["step"] for p in params])
+        return steps, dict(torch.neuron.metrics())
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (dynamo meets jit.script_method)
+def test_a_compiled_adam_step_replays_as_its_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    traced, traced_counts = _adam(0, monkeypatch)
+    replayed, counts = _adam(TRIES, monkeypatch)
+    assert traced_counts["compiled_replays"] == 0 and counts["compiled_replays"] == 3
+    assert traced[:-1] == replayed[:-1]  # simulated times, launches, HBM bytes, allocations
+    for a, b in zip(traced[-1], replayed[-1], strict=True):
+        assert torch.equal(a, b)  # parameters and step counts
+    assert [int(s) for s in replayed[-1][2:]] == [4, 4]
