@@ -26,6 +26,7 @@ reasons are kept per function and shown by `explain()` (`torch.neuron.compiled_e
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypedDict, final
 
@@ -238,8 +239,24 @@ def _cpu_part(gm: torch.fx.GraphModule) -> _CpuPart | str | None:
         elif node.op == "get_attr" or node in cpu:
             env[node] = graph.node_copy(node, lambda n: env[n])
     fed = [n for n in cpu if any(u not in cpu for u in n.users)]
+    for node in fed:
+        if _is_alias(node) and any(u not in cpu and u.op != "output" for u in node.users):
+            # (the device reads it where it stands in the graph; the part runs whole first,
+            # so a view would show what the part writes after it)
+            return f"the device reads a view made on the CPU ({node.name})"
     graph.output(tuple(env[n] for n in fed))
     return _CpuPart(torch.fx.GraphModule(gm, graph), fed)
+
+
+def _is_alias(node: torch.fx.Node) -> bool:
+    """Whether the node's value may be a view of another (a view op, or an item of one)."""
+    target = node.target
+    if target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, torch.fx.Node) and _is_alias(source)
+    if isinstance(target, torch._ops.OpOverload):
+        return any(r.alias_info is not None for r in target._schema.returns)
+    return True  # (not an ATen op: assume it may be)
 
 
 class _CpuSeen(torch.fx.Interpreter):

@@ -172,6 +172,24 @@ def test_a_graph_that_writes_a_cpu_argument_replays_its_cpu_ops() -> None:
         assert torch.neuron.metrics()["compiled_replays"] == 4  # (the first call traced)
 
 
+def test_a_view_of_a_cpu_argument_the_graph_then_writes_keeps_the_region_traced() -> None:
+    """The device reads the view where it stands in the graph, before the write; the CPU part
+    runs whole before the executable, so its view would show the written value."""
+
+    def f(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        y = x * step[0]
+        step.add_(1)
+        return y
+
+    torch._dynamo.reset()
+    with fresh_core():
+        run = torch.compile(f, backend="neuron")
+        x, step = torch.ones(4).to("neuron"), torch.zeros(1)
+        for n in range(4):
+            assert torch.equal(run(x, step).cpu(), torch.full((4,), float(n)))
+        assert step.item() == 4 and torch.neuron.metrics()["compiled_replays"] == 0
+
+
 def test_cpu_ops_fed_by_a_device_value_keep_the_region_traced() -> None:
     def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x * 2, x.sum().cpu() + 1
