@@ -118,6 +118,20 @@ class DeviceMemory:
             # (complex allocations, which may be conj views, are not kept)
             if known == meta and not t.is_neg():
                 return ref.host
+        return self._alias(t)
+
+    def _alias(self, t: torch.Tensor) -> torch.Tensor:
+        """A CPU view of t over its allocation's own CPU tensor, which keeps the memory alive
+        by itself; else a DLPack alias. (A DLPack alias holds t's TensorImpl, not its storage:
+        once `t.data = ...` gives t another storage, the memory it aliases may be freed while
+        a recorded op still reads it.)"""
+        if not (t.is_conj() or t.is_neg()):
+            ref = self.hosts.get(t.untyped_storage().data_ptr())
+            if ref is not None and ref.host.dtype == t.dtype:
+                host = ref.host
+                return host.as_strided(
+                    t.shape, t.stride(), host.storage_offset() + t.storage_offset()
+                )
         return to_host_alias(t)
 
     def free_unadopted(self, blocks: list[Block]) -> None:

@@ -42,6 +42,15 @@ FOUND: dict[str, list[Instruction]] = {
         ("view", 7, 1, 0),
         ("storage", 0, 3, 50),
     ],
+    # A tensor grown by out= (a new allocation, flat) given to `p.data`, then p given another
+    # storage: the buffer's DLPack alias of p held p's TensorImpl, not the memory, which was
+    # freed before the recorded read ran (garbage values in adaptive mode).
+    "data_swap_away_from_a_grown_out": [
+        *[("unary", 0, 0, 0)] * 2,
+        ("out", 0, 0, 0),
+        ("storage", 0, 0, 2),
+        ("storage", 0, 0, 2),
+    ],
 }
 
 # Programs that caught a deliberately broken runtime (mutation checks of the fuzzer itself).
