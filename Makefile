@@ -5,9 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := package protos simulator compiler policy daemon client client/api client/door client/modes client/core client/distributed cli
 
-.PHONY: setup redis-server test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant sweep clean
+.PHONY: setup door redis-server test test-slow soak lint protos explain demo bench conformance zoo zoo-invariant sweep clean
 
-setup: $(STAMP) redis-server
+setup: $(STAMP) door redis-server
+
+# trnsim's C++ door (client/door/fast_door.cpp): built once per source and torch version into
+# ~/.cache/trnsim/door (about 20 s; g++ and ninja); without them every op takes the Python door.
+door: $(STAMP)
+	@$(PY) -m trnsim.client.door.fast
 
 # The cluster tier's tests start their own Redis server: Debian's, installed when missing
 # (as root, as here; anyone else is told the command).

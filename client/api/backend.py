@@ -139,8 +139,10 @@ def _register_direct_kernels() -> None:
     from trnsim.client.door.kernel import enter, ready
 
     _enter = enter
+    from trnsim.client.door import fast
+
     lib = torch.library.Library("aten", "IMPL")
-    count = 0
+    names: list[str] = []
     for name in torch._C._dispatch_get_all_op_names():
         if not _wants_direct_kernel(name):
             continue
@@ -157,10 +159,13 @@ def _register_direct_kernels() -> None:
                 _spec.append(ready(_op))
             return enter(_spec[0], args, kwargs)
 
-        lib.impl(name[len("aten::") :], direct, "PrivateUse1")
-        count += 1
+        lib.impl(name[len("aten::") :], direct, _PYTHON_KEY[0])
+        names.append(name[len("aten::") :])
+    door = fast.module()
+    if door is not None:  # (the C++ door before each, as before every op the fallback takes)
+        door.register_door(names, False)
     _state["direct"] = lib
-    _state["direct_count"] = count
+    _state["direct_count"] = len(names)
 
 
 # Ops whose PrivateUse1 kernel is registered directly, not reached through the fallback:
@@ -329,9 +334,7 @@ def register() -> None:
     _state["hooks"], _state["guard"] = hooks, guard
     torch._C._acc.register_python_privateuseone_hook(hooks)
     torch._C._acc.register_python_privateuseone_device_guard(guard)
-    lib = torch.library.Library("_", "IMPL")
-    lib.fallback(_fallback, "PrivateUse1")
-    _state["fallback"] = lib
+    _state["fallback"] = _register_fallback()
     from trnsim.client.door import sparse
 
     _state["sparse"] = sparse.register()  # sparse COO and compressed tensors
@@ -372,6 +375,31 @@ def register() -> None:
     _state["attention"] = attention.register()  # SDPA's fused backend, as the CPU picks it
     if torch.distributed.is_available():
         _register_distributed()
+
+
+# The key the Python door's kernels are registered under: PrivateUse1, or PrivateUse2 behind
+# the C++ door (client/door/fast.py), which hands the calls it does not serve on to them.
+_PYTHON_KEY = ["PrivateUse1"]
+
+
+def _register_fallback() -> torch.library.Library:
+    """The Python door as every op's fallback; behind the C++ door when it loads (built on
+    first use)."""
+    lib = torch.library.Library("_", "IMPL")
+    from trnsim.client.door import fast
+
+    door = fast.load()
+    if door is None:
+        lib.fallback(_fallback, "PrivateUse1")
+        return lib
+    _PYTHON_KEY[0] = "PrivateUse2"
+    lib.fallback(_fallback, "PrivateUse2")
+    door.register_door([], True)
+    fast.install(door)
+    from trnsim.client.core import runtime
+
+    runtime.MODE_HOOKS.append(lambda rt: fast.set_on(rt.recorder is None and rt.numerics))
+    return lib
 
 
 def _copy_from_keeps_math_bits() -> torch.library.Library:

@@ -200,6 +200,9 @@ class Entry:
     # Each tensor argument's part of the signature, (shape, stride, dtype, is_cpu): what
     # eager mode checks a host alias against (client/core/device_memory.py host_alias_as).
     metas: list[tuple[object, ...]] = field(default_factory=list)
+    # Whether the C++ door may serve its warm eager calls (client/door/fast.py; None: not
+    # decided yet, on its first eager run).
+    fast: bool | None = None
 
     def inputs_of(self, tensors: list[T]) -> list[T]:
         """The executable's inputs among the op's tensor arguments (`node` names them all)."""

@@ -59,6 +59,8 @@ class Recording(Protocol):
 # The recording modes by name ("adaptive": client/modes/adaptive.py), given by the layer above when
 # it registers the device (client/api/backend.py): the runtime imports no mode.
 RECORDING_MODES: dict[str, Callable[[Runtime], Recording]] = {}
+# Called with the runtime after its mode is set (the C++ door's, client/door/fast.py).
+MODE_HOOKS: list[Callable[[Runtime], None]] = []
 
 
 class Runtime:
@@ -114,6 +116,8 @@ class Runtime:
                 recorder = self.recorders[mode] = RECORDING_MODES[mode](self)
             self.recorder = recorder
         self.mode = mode
+        for hook in MODE_HOOKS:
+            hook(self)
 
     def close(self) -> None:
         """Runs what was recorded and lets go of the compile daemon's stream: for a runtime

@@ -26,7 +26,7 @@ from trnsim.client.core.ops import (
 )
 from trnsim.client.core.pinned import is_pinned
 from trnsim.client.core.types import Args, Kwargs, Op, OpValue
-from trnsim.client.door import buckets, sparse, special
+from trnsim.client.door import buckets, fast, sparse, special
 from trnsim.client.modes import eager
 from trnsim.simulator import shape_only
 
@@ -69,6 +69,8 @@ def _view(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     result = spec.op._handle.redispatch_boxed(special.META, *args, **kwargs)
     if rt.recorder is not None and rt.recorder.pending:
         rt.recorder.view(spec, args, kwargs, result)
+    elif shapes.active is None:
+        fast.offer_view()  # (the C++ door makes this op's views from now on)
     return result
 
 
@@ -138,7 +140,10 @@ def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
         result = recorder.offer(spec, entry, tensors, scalars)
         if result is not NOT_RECORDED:
             return result
-    return eager.run(rt, spec, entry, tensors, scalars)
+    result = eager.run(rt, spec, entry, tensors, scalars)
+    if entry.fast is not False and entry.one_fresh_output:
+        fast.offer(rt, spec, entry, args, kwargs, tensors, scalars)  # (served in C++ next?)
+    return result
 
 
 def _entry(

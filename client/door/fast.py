@@ -1,0 +1,262 @@
+"""The C++ door (fast_door.cpp): PyTorch's PrivateUse1 kernel of the ops the Python door
+serves, which serves warm eager calls itself and hands every other call on to Python.
+
+A warm eager call of an op that returns one new tensor from tensor arguments only (add, mul,
+mm, silu...) or of a view op costs the Python door a dozen Python steps of about a
+microsecond each (docs/host-time.md). The C++ door keys the call by its signature without
+converting it to Python objects and, for a signature Python has offered (`offer`, from
+eager mode's hot path), runs the CPU's kernel over host aliases itself. Python keeps the
+accounting, in one short call after the kernel ran (`_served`: its counters, HBM block,
+launch and adoption; or a refusal), so simulated time, memory and counters are the Python
+door's. Anything else (recording modes, shape-only runs, collectives awaited, shapes being
+recorded, an op that fails) goes through the Python door as before.
+
+The door is built from its source on first use (torch.utils.cpp_extension: g++ and ninja,
+about a minute, once per machine and source) into ~/.cache/trnsim/door/<source hash>, and
+loaded from there after. NEURON_FAST_DOOR=off keeps every op on the Python door; without a
+compiler the Python door serves everything, with one warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from trnsim.client.core import runtime, shapes
+from trnsim.client.core.ops import Entry, OpSpec
+from trnsim.client.core.types import Args, Kwargs
+from trnsim.simulator import shape_only
+
+SOURCE = Path(__file__).with_name("fast_door.cpp")
+NAME = "trnsim_door"
+ENV = "NEURON_FAST_DOOR"
+
+_module: ModuleType | None = None
+_tried = False
+
+
+def enabled() -> bool:
+    """Whether NEURON_FAST_DOOR allows the C++ door (on unless "off", "0" or "false")."""
+    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def build_directory() -> Path:
+    """Where the door is built: per source and torch version, so a change rebuilds it."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "trnsim" / "door" / digest
+
+
+def load(build: bool = True) -> ModuleType | None:
+    """The C++ door's module: loaded if built, else built now (when `build`); None when
+    NEURON_FAST_DOOR is off or it cannot be built (a warning says why, once)."""
+    global _module, _tried
+    if _module is not None or _tried:
+        return _module
+    _tried = True
+    if not enabled():
+        return None
+    where = build_directory()
+    built = where / f"{NAME}.so"
+    try:
+        if not built.exists():
+            if not build:
+                _tried = False
+                return None
+            _build(where)
+        spec = importlib.util.spec_from_file_location(NAME, built)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (OSError, RuntimeError, ImportError) as e:  # (no compiler, no ninja, a failed build)
+        warnings.warn(
+            f"trnsim's C++ door could not be built or loaded ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}); every op takes "
+            f"the Python door, which costs several microseconds more per op. Install g++ "
+            f"and ninja (pip install ninja) and run `trnsim door build`, or set "
+            f"{ENV}=off to silence this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    _module = module
+    return module
+
+
+def _build(where: Path) -> None:
+    from torch.utils.cpp_extension import load as build_extension
+
+    print(
+        f"trnsim: building its C++ door (once per machine and version, about a minute; "
+        f"{ENV}=off skips it) in {where}",
+        file=sys.stderr,
+        flush=True,
+    )
+    where.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_extension(
+            NAME,
+            [str(SOURCE)],
+            extra_cflags=["-O2"],
+            build_directory=str(where),
+            is_python_module=True,
+            verbose=False,
+        )
+
+
+def module() -> ModuleType | None:
+    """The door's module once loaded (None: every op takes the Python door)."""
+    return _module
+
+
+# -- what the C++ door calls back -----------------------------------------------------------------
+def _served(token: tuple[runtime.Runtime, Entry], host: torch.Tensor, out: torch.Tensor) -> bool:
+    """A warm call of the token's signature, computed in C++ (`host`, the CPU's result, and
+    `out`, the neuron tensor over its memory): False if the Python door must take the call
+    now, else accounted as eager.run accounts it (its counters, HBM block, launch and the
+    block's adoption by the output's storage)."""
+    rt, entry = token
+    if (
+        rt is not runtime._runtime
+        or rt.recorder is not None
+        or rt.awaiting
+        or shapes.active is not None
+        or not shape_only.NUMERICS.on
+    ):
+        return False
+    counts = rt.counts
+    counts["ops_dispatched"] += 1
+    counts["cache_hits"] += 1
+    memory = rt.memory
+    block = memory.allocate(entry.one_fresh_output)  # type: ignore[arg-type]
+    rt.launch(entry.loaded)  # type: ignore[arg-type]
+    memory.adopt(out, block, host)
+    return True
+
+
+def _view() -> bool:
+    """A view op, about to be made by the Meta kernel in C++: False if the Python door must
+    take it (a recording wants it), else counted as the Python door counts it."""
+    rt = runtime._runtime
+    if rt is None or shapes.active is not None:
+        return False
+    recorder = rt.recorder
+    if recorder is not None and recorder.pending:
+        return False
+    counts = rt.counts
+    counts["ops_dispatched"] += 1
+    counts["view_ops"] += 1
+    return True
+
+
+def install(door: ModuleType) -> None:
+    door.install(_served, _view)
+    door.set_on(True)
+
+
+# -- what the Python door offers ----------------------------------------------------------------
+def offer(
+    rt: runtime.Runtime,
+    spec: OpSpec,
+    entry: Entry,
+    args: Args,
+    kwargs: Kwargs,
+    tensors: list[torch.Tensor],
+    scalars: list[float],
+) -> None:
+    """Eager mode ran this call of the entry on its hot path (one new tensor out): may the
+    C++ door serve its signature from now on? Decided once per entry (entry.fast)."""
+    door = _module
+    if door is None or not shape_only.NUMERICS.on:
+        return
+    fast = entry.fast
+    if fast is None:
+        fast = entry.fast = _servable(spec, entry, args, kwargs, tensors, scalars)
+    if fast:
+        declared = entry.loaded.steps[0].declared[0]  # type: ignore[union-attr]
+        sizes, strides = declared if declared is not None else ((), ())
+        door.offer((rt, entry), list(sizes), list(strides))
+
+
+def _servable(
+    spec: OpSpec,
+    entry: Entry,
+    args: Args,
+    kwargs: Kwargs,
+    tensors: list[torch.Tensor],
+    scalars: list[float],
+) -> bool:
+    """The C++ door computes what the entry's executable computes: the op itself, with the
+    CPU's own kernel, called with the arguments the call was given (its executable's one
+    step rebuilds exactly these from the call's tensors and floats; the signature keys the
+    rest), and no generator."""
+    loaded = entry.loaded
+    if (
+        loaded is None
+        or not loaded.single
+        or not entry.verified
+        or entry.takes is not None
+        or entry.cpu_draw
+        or not entry.one_fresh_output
+        or spec.shape_from_scalars
+    ):
+        return False
+    step = loaded.steps[0]
+    if (
+        step.name != spec.name
+        or step.generator_arg
+        or step.call_op is not step.op._op  # (one of our own kernels: simulator/kernels.py)
+        or step.wrapped
+    ):
+        return False
+    try:
+        positional = [b(tensors, {}, scalars) for b in step.positional]
+        keywords = {name: b(tensors, {}, scalars) for name, b in step.keywords}
+    except (KeyError, IndexError):  # (a builder reading what an eager call has not)
+        return False
+    return (
+        _same(positional, list(args))
+        and keywords.keys() == kwargs.keys()
+        and all(_same(keywords[k], kwargs[k]) for k in kwargs)
+    )
+
+
+def _same(built: object, given: object) -> bool:
+    """Whether the executable's argument is the call's: the same tensor, or an equal value of
+    the same type."""
+    if isinstance(built, torch.Tensor) or isinstance(given, torch.Tensor):
+        return built is given
+    if isinstance(built, (list, tuple)) and isinstance(given, (list, tuple)):
+        return len(built) == len(given) and all(
+            _same(x, y) for x, y in zip(built, given, strict=True)
+        )
+    return type(built) is type(given) and built == given
+
+
+def offer_view() -> None:
+    """The Python door made a view (client/door/kernel.py _view): the C++ door may make this
+    op's views from now on, when no recording wants them."""
+    door = _module
+    if door is not None:
+        door.offer_view()
+
+
+def set_on(on: bool) -> None:
+    """The runtime's mode changed: the C++ door looks signatures up only in eager mode with
+    numerics on (a recording mode takes every op, and shape-only runs compute nothing)."""
+    door = _module
+    if door is not None:
+        door.set_on(on)
+
+
+def stats() -> dict[str, int]:
+    """Calls served in C++, calls handed on to Python, signatures and view ops it serves."""
+    door = _module
+    return dict(door.stats()) if door is not None else {}

@@ -1,0 +1,314 @@
+// trnsim's C++ door: the PrivateUse1 kernel of every op the Python door serves.
+//
+// Python's kernels (client/door/kernel.py, reached through client/api/backend.py) are
+// registered under PrivateUse2, a key no tensor carries; this door is registered under
+// PrivateUse1 for the same ops and hands each call on to them (a redispatch), except a warm
+// eager call it has been shown once: an op returning one new tensor, all of whose arguments
+// are tensors, or a view op. Such a call is served here from a table keyed by its signature
+// (the op, each tensor's sizes, strides, dtype and device, which arguments are the same
+// tensor, and every other argument's value), without converting it to Python objects: the
+// CPU's kernel runs over host aliases of the inputs' memory, and the result becomes a neuron
+// tensor over its memory. Python keeps every piece of accounting (the counters, the HBM
+// block, the launch on the simulated timeline, the adoption that frees the block) in one
+// short call after the kernel ran, which may still refuse the call (a recording wants it),
+// so simulated time and memory are what the Python door gives. Python decides which
+// signatures may be served here (client/door/fast.py: offer).
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace py = pybind11;
+using torch::jit::Stack;
+
+namespace {
+
+const c10::DispatchKeySet kPythonDoor(c10::DispatchKey::PrivateUse2);
+const c10::DispatchKeySet kMeta(c10::DispatchKey::Meta);
+const c10::Device kNeuron(c10::DeviceType::PrivateUse1, 0);
+
+// A signature Python offered: its token (what the callbacks account) and the output's
+// declared layout (the Meta kernel's), which the CPU's result is conformed to.
+struct Fast {
+  py::object token;
+  std::vector<int64_t> sizes, strides;
+};
+
+struct State {
+  std::unordered_map<std::string, Fast> table;
+  std::unordered_set<const c10::FunctionSchema*> views;  // ops served as views
+  py::object served_cb, view;  // Python's callbacks (fast.py)
+  bool on = false;
+  std::vector<std::unique_ptr<torch::Library>> libraries;
+  // served calls, and calls handed on to Python, since the last reset
+  int64_t served = 0, handed_on = 0;
+};
+
+State& state() {
+  static State* s = new State();  // (never destroyed: interpreter exit runs no kernel)
+  return *s;
+}
+
+// What Python offers for the call it is running now: a signature's token, or a view.
+struct Offer {
+  py::object token;
+  std::vector<int64_t> sizes, strides;
+  bool view = false;
+  bool made = false;
+};
+thread_local Offer* current_offer = nullptr;
+
+void put(std::string& key, int64_t v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// The call's signature, or false when some argument is outside what this door serves.
+bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
+               std::string& key) {
+  const auto& schema = op.schema();
+  key.reserve(256);
+  put(key, reinterpret_cast<int64_t>(&schema));
+  const c10::TensorImpl* seen[16];
+  int64_t n_seen = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        put(key, 1);
+        continue;
+      }
+      if (t.layout() != c10::kStrided || t.is_neg() || t.is_conj() || n_seen == 16) return false;
+      const auto device = t.device().type();
+      if (device != c10::DeviceType::PrivateUse1 && device != c10::DeviceType::CPU) return false;
+      put(key, device == c10::DeviceType::CPU ? 2 : 3);
+      put(key, static_cast<int64_t>(t.scalar_type()));
+      put(key, t.dim());
+      for (auto s : t.sizes()) put(key, s);
+      for (auto s : t.strides()) put(key, s);
+      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      int64_t same = -1;
+      for (int64_t j = 0; j < n_seen; ++j) {
+        if (seen[j] == impl) same = j;
+      }
+      put(key, same);
+      seen[n_seen++] = impl;
+    } else if (v.isDouble()) {
+      // (a float is a runtime value; whether it is the schema's default changes the call)
+      const auto& dflt = schema.arguments()[i].default_value();
+      put(key, 4);
+      put(key, dflt.has_value() && *dflt == v ? 1 : 0);
+    } else if (v.isInt()) {
+      put(key, 5);
+      put(key, v.toInt());
+    } else if (v.isBool()) {
+      put(key, 6);
+      put(key, v.toBool() ? 1 : 0);
+    } else if (v.isNone()) {
+      put(key, 7);
+    } else if (v.isIntList()) {
+      put(key, 8);
+      auto list = v.toIntList();
+      put(key, static_cast<int64_t>(list.size()));
+      for (int64_t x : list) put(key, x);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A CPU tensor over a neuron tensor's memory (trnsim's device memory is host memory).
+at::Tensor host_alias(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+}
+
+// A neuron tensor over a CPU tensor's memory, holding its storage alive.
+at::Tensor to_device(const at::Tensor& cpu) {
+  auto* keep = new c10::Storage(cpu.storage());
+  return at::for_blob(cpu.data_ptr(), cpu.sizes())
+      .strides(cpu.strides())
+      .deleter([keep](void*) { delete keep; })
+      .options(cpu.options().device(kNeuron))
+      .target_device(kNeuron)
+      .make_tensor();
+}
+
+py::object wrap(const at::Tensor& t) {
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+}
+
+// A warm call of an op returning one new tensor (the GIL held; released while it runs).
+bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* stack, size_t n) {
+  at::Tensor result;
+  try {
+    Stack cpu;
+    cpu.reserve(n);
+    const c10::IValue* args = stack->data() + stack->size() - n;
+    const c10::StorageImpl* aliased[16];
+    int n_aliased = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (args[i].isTensor() && args[i].toTensor().defined() &&
+          args[i].toTensor().device().type() == c10::DeviceType::PrivateUse1) {
+        at::Tensor alias = host_alias(args[i].toTensor());
+        aliased[n_aliased++] = alias.storage().unsafeGetStorageImpl();
+        cpu.emplace_back(std::move(alias));
+      } else {
+        cpu.push_back(args[i]);
+      }
+    }
+    {
+      py::gil_scoped_release nogil;  // (as PyTorch's kernels run)
+      op.callBoxed(&cpu);
+    }
+    if (cpu.size() != 1 || !cpu[0].isTensor()) return false;
+    result = cpu[0].toTensor();
+    for (int i = 0; i < n_aliased; ++i) {  // (an output over an input's memory is no new tensor)
+      if (result.storage().unsafeGetStorageImpl() == aliased[i]) return false;
+    }
+    if (result.sizes().vec() == fast.sizes && result.strides().vec() != fast.strides) {
+      // the layout the graph declares, as Python's executor conforms it
+      result = at::empty_strided(fast.sizes, fast.strides, result.options()).copy_(result);
+    }
+  } catch (const std::exception&) {
+    return false;  // (Python's door runs it again, and raises its own error if it fails too)
+  }
+  at::Tensor out = to_device(result);
+  // Python's accounting: False if its door must take the call now (a recording, say)
+  if (!s.served_cb(fast.token, wrap(result), wrap(out)).cast<bool>()) return false;
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(out));
+  return true;
+}
+
+// The boxed kernel registered under PrivateUse1.
+void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+  State& s = state();
+  if (!s.on) {
+    op.redispatchBoxed(kPythonDoor, stack);
+    return;
+  }
+  const size_t n = op.schema().arguments().size();
+  std::string key;
+  bool keyed = false;
+  bool view = false;
+  {
+    py::gil_scoped_acquire gil;
+    if (s.views.count(&op.schema())) {
+      // a view op: Python agrees (no recording wants it; it counts the call)
+      view = s.view().cast<bool>();
+    } else {
+      keyed = signature(op, stack->data() + stack->size() - n, n, key);
+      if (keyed) {
+        auto found = s.table.find(key);
+        if (found != s.table.end() && serve(s, found->second, op, stack, n)) {
+          ++s.served;
+          return;
+        }
+      }
+    }
+  }
+  if (view) {  // the Meta kernel makes the view over the same storage
+    op.redispatchBoxed(kMeta, stack);
+    ++s.served;
+    return;
+  }
+  ++s.handed_on;
+  Offer offer;
+  Offer* outer = current_offer;
+  current_offer = &offer;
+  try {
+    op.redispatchBoxed(kPythonDoor, stack);
+  } catch (...) {
+    current_offer = outer;
+    if (offer.made) {
+      py::gil_scoped_acquire gil;
+      offer.token = py::object();
+    }
+    throw;
+  }
+  current_offer = outer;
+  if (!offer.made) return;
+  py::gil_scoped_acquire gil;
+  if (offer.view) {
+    s.views.insert(&op.schema());
+  } else if (keyed) {
+    s.table[key] = Fast{std::move(offer.token), std::move(offer.sizes), std::move(offer.strides)};
+  }
+  offer.token = py::object();
+}
+
+}  // namespace
+
+// -- what Python calls (client/door/fast.py) ------------------------------------------------
+void install(py::object served, py::object view) {
+  State& s = state();
+  s.served_cb = std::move(served);
+  s.view = std::move(view);
+}
+
+// Registers the door under PrivateUse1: for the named ops, or as the fallback of every op.
+void register_door(const std::vector<std::string>& names, bool fallback) {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, fallback ? "_" : "aten",
+                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  if (fallback) {
+    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&door>());
+  } else {
+    for (const auto& name : names) lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&door>());
+  }
+  state().libraries.push_back(std::move(lib));
+}
+
+void set_on(bool on) { state().on = on; }
+
+// Called by Python's door while it runs a call this door handed on: serve its signature here
+// from now on (token: what the callbacks receive; the output's declared sizes and strides).
+void offer(py::object token, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+  Offer* o = current_offer;
+  if (o == nullptr) return;
+  o->token = std::move(token);
+  o->sizes = std::move(sizes);
+  o->strides = std::move(strides);
+  o->made = true;
+}
+
+void offer_view() {
+  Offer* o = current_offer;
+  if (o == nullptr) return;
+  o->view = true;
+  o->made = true;
+}
+
+void clear() {
+  State& s = state();
+  s.table.clear();
+  s.views.clear();
+}
+
+py::dict stats() {
+  State& s = state();
+  py::dict d;
+  d["served"] = s.served;
+  d["handed_on"] = s.handed_on;
+  d["signatures"] = s.table.size();
+  d["view_ops"] = s.views.size();
+  return d;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "trnsim's C++ door (client/door/fast.py)";
+  m.def("install", &install);
+  m.def("register_door", &register_door);
+  m.def("set_on", &set_on);
+  m.def("offer", &offer);
+  m.def("offer_view", &offer_view);
+  m.def("clear", &clear);
+  m.def("stats", &stats);
+}
