@@ -12,7 +12,7 @@ setup: $(STAMP) door redis-server
 # trnsim's C++ door (client/door/fast_door.cpp): built once per source and torch version into
 # ~/.cache/trnsim/door (about 20 s; g++ and ninja); without them every op takes the Python door.
 door: $(STAMP)
-	@$(PY) -m trnsim.client.door.fast
+	@$(PY) -c 'from trnsim.client.door import fast; fast.main()'
 
 # The cluster tier's tests start their own Redis server: Debian's, installed when missing
 # (as root, as here; anyone else is told the command).

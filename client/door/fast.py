@@ -39,6 +39,7 @@ ENV = "NEURON_FAST_DOOR"
 
 _module: ModuleType | None = None
 _tried = False
+_on = [False]  # whether the C++ door looks signatures up (set_on)
 
 
 def enabled() -> bool:
@@ -79,8 +80,8 @@ def load(build: bool = True) -> ModuleType | None:
             f"trnsim's C++ door could not be built or loaded ({type(e).__name__}: "
             f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}); every op takes "
             f"the Python door, which costs several microseconds more per op. Install g++ "
-            f"and ninja (pip install ninja) and run `trnsim door build`, or set "
-            f"{ENV}=off to silence this.",
+            f"and ninja (pip install ninja): the next run builds it; or set {ENV}=off to "
+            f"silence this.",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -159,6 +160,7 @@ def _view() -> bool:
 def install(door: ModuleType) -> None:
     door.install(_served, _view)
     door.set_on(True)
+    _on[0] = True
 
 
 # -- what the Python door offers ----------------------------------------------------------------
@@ -176,6 +178,8 @@ def offer(
     door = _module
     if door is None or not shape_only.NUMERICS.on:
         return
+    if not _on[0] and rt.recorder is None and rt is runtime._runtime:
+        set_on(True)  # (back in eager mode on a runtime swapped in after another's mode)
     fast = entry.fast
     if fast is None:
         fast = entry.fast = _servable(spec, entry, args, kwargs, tensors, scalars)
@@ -254,9 +258,27 @@ def set_on(on: bool) -> None:
     door = _module
     if door is not None:
         door.set_on(on)
+        _on[0] = on
 
 
 def stats() -> dict[str, int]:
     """Calls served in C++, calls handed on to Python, signatures and view ops it serves."""
     door = _module
     return dict(door.stats()) if door is not None else {}
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="make door",
+        description="Builds trnsim's C++ door if it is not built yet (about 20 s, g++ and "
+        "ninja), loads it and says where it is; `make setup` runs it.",
+    )
+    parser.parse_args()
+    door = load()
+    if door is None:
+        reason = f"{ENV}=off" if not enabled() else "it could not be built (the warning above)"
+        print(f"trnsim's C++ door is off: {reason}; every op takes the Python door")
+        return
+    print(f"trnsim's C++ door: {door.__file__}")

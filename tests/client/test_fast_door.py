@@ -1,0 +1,120 @@
+"""The C++ door (client/door/fast.py): warm eager calls served without the Python door give
+the values, counters, simulated time and memory the Python door gives, and the calls it must
+not serve (recording modes, shape-only runs) still reach Python."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from trnsim.client.door import fast
+
+from tests.client.differential import fresh_core
+
+pytestmark = pytest.mark.skipif(
+    fast.module() is None, reason="the C++ door is not built here (NEURON_FAST_DOOR=off?)"
+)
+
+
+def _program() -> list[torch.Tensor]:
+    """A few training steps of a small MLP, on ops the door serves (mm, mul, add, relu and
+    their backward, views, sum over dims, floats) and ops it does not (in-place updates)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(
+        "neuron"
+    )
+    x = torch.randn(5, 8).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for _ in range(3):
+        y = model(x)
+        loss = (y * 0.5).sum(dim=1, keepdim=True).mean() + y.t().pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach().cpu())
+    out.extend(p.detach().cpu() for p in model.parameters())
+    return out
+
+
+def _run(served: bool) -> tuple[list[torch.Tensor], dict[str, int], dict[str, int]]:
+    door = fast.module()
+    before = fast.stats()
+    with fresh_core() as rt:
+        door.set_on(served)
+        try:
+            values = _program()
+            rt.flush("sync")
+            metrics = dict(torch.neuron.metrics())
+            metrics["memory_allocated"] = torch.neuron.memory_allocated()
+        finally:
+            door.set_on(True)
+    after = fast.stats()
+    return values, metrics, {k: after[k] - before[k] for k in after}
+
+
+def test_calls_served_in_cpp_equal_the_python_doors_bit_for_bit() -> None:
+    python_values, python_metrics, python_door = _run(served=False)
+    values, metrics, door = _run(served=True)
+    assert python_door["served"] == 0
+    assert door["served"] > 50  # (most of the warm calls)
+    for got, want in zip(values, python_values, strict=True):
+        assert torch.equal(got, want)
+    # counters, simulated clocks, launches, HBM traffic and memory: the same
+    changed = {
+        k: (metrics[k], python_metrics[k]) for k in metrics if metrics[k] != python_metrics[k]
+    }
+    assert not changed
+
+
+def test_memory_of_a_served_output_goes_back_when_it_dies() -> None:
+    with fresh_core():
+        a, b = torch.randn(64).to("neuron"), torch.randn(64).to("neuron")
+        torch.add(a, b)  # (the Python door, then offered)
+        base = torch.neuron.memory_allocated()
+        served = fast.stats()["served"]
+        c = torch.add(a, b)
+        assert fast.stats()["served"] == served + 1
+        assert torch.neuron.memory_allocated() == base + 512
+        assert torch.equal(c.cpu(), a.cpu() + b.cpu())
+        del c
+        assert torch.neuron.memory_allocated() == base
+
+
+def test_adaptive_mode_takes_every_call_through_the_python_door() -> None:
+    with fresh_core() as rt:
+        a = torch.randn(16).to("neuron")
+        for _ in range(2):
+            torch.relu(a * 2)  # (served from the second call on, in eager mode)
+        rt.set_mode("adaptive")
+        served = fast.stats()["served"]
+        recorded = torch.neuron.metrics()["ops_recorded"]
+        for _ in range(3):
+            r = torch.relu(a * 2)
+        assert torch.equal(r.cpu(), torch.relu(a.cpu() * 2))
+        assert fast.stats()["served"] == served
+        assert torch.neuron.metrics()["ops_recorded"] > recorded
+
+
+def test_without_the_cpp_door_every_op_takes_the_python_door() -> None:
+    code = (
+        "import torch\n"
+        "from trnsim.client.door import fast\n"
+        "a = torch.ones(4, device='neuron')\n"
+        "assert fast.module() is None and fast.stats() == {}\n"
+        "print((a + a).cpu().tolist())\n"
+    )
+    env = dict(os.environ, NEURON_FAST_DOOR="off", NEURON_COMPILE_DAEMON="off")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[2.0, 2.0, 2.0, 2.0]"
