@@ -398,7 +398,7 @@ def _register_fallback() -> torch.library.Library:
     fast.install(door)
     from trnsim.client.core import runtime
 
-    runtime.MODE_HOOKS.append(lambda rt: fast.set_on(rt.recorder is None and rt.numerics))
+    runtime.MODE_HOOKS.append(fast.mode_set)
     return lib
 
 

@@ -78,6 +78,7 @@ _VALIDATORS: dict[str, Callable[[], object]] = {
     env.NEURON_COMPILE_DEADLINE: env.compile_deadline_s,
     env.NEURON_COMPILE_HEALTH_DEADLINE: env.health_deadline_s,
     env.NEURON_COMPILE_DIRECT_READS: env.direct_reads,
+    env.NEURON_FAST_DOOR: env.fast_door,
     env.NEURON_SIM_COMPILE_SCALE: env.compile_scale,
     env.NEURON_SIM_NODE: env.sim_node,
     env.NEURON_SHAPE_BUCKETS: lambda: buckets.parse(env.shape_buckets()),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from trnsim.compiler.compile_time import parse_scale
 
@@ -17,6 +18,7 @@ NEURON_COMPILE_DAEMON = "NEURON_COMPILE_DAEMON"  # auto | off | an address (issu
 NEURON_COMPILE_DEADLINE = "NEURON_COMPILE_DEADLINE"  # s a compile waits for the daemon (660)
 NEURON_COMPILE_HEALTH_DEADLINE = "NEURON_COMPILE_HEALTH_DEADLINE"  # s to show it is alive (1)
 NEURON_COMPILE_DIRECT_READS = "NEURON_COMPILE_DIRECT_READS"  # 1 (default) | 0: hits read from disk
+NEURON_FAST_DOOR = "NEURON_FAST_DOOR"  # on (default) | off: the C++ door (client/door/fast.py)
 NEURON_RT_VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"  # core(s) this process drives: "3" or "2-3"
 NEURON_PROFILE = "NEURON_PROFILE"  # a file: the process's profile, written at exit
 NEURON_SIM_HOST = "NEURON_SIM_HOST"  # modelled (default) | measured: host costs on the timeline
@@ -103,6 +105,20 @@ def direct_reads() -> bool:
     if value not in ("1", "0", "on", "off"):
         raise ConfigError(f"{NEURON_COMPILE_DIRECT_READS}={value!r}: use 1 (the default) or 0")
     return value in ("1", "on")
+
+
+def cache_home() -> Path:
+    """XDG_CACHE_HOME, else ~/.cache: where the client keeps what it builds (the C++ door)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def fast_door() -> bool:
+    """NEURON_FAST_DOOR: whether the C++ door serves warm eager calls (on, the default) or
+    every op takes the Python door (off)."""
+    value = os.environ.get(NEURON_FAST_DOOR, "").strip().lower() or "on"
+    if value not in ("on", "off", "1", "0"):
+        raise ConfigError(f"{NEURON_FAST_DOOR}={value!r}: use on (the default) or off")
+    return value in ("on", "1")
 
 
 def _seconds(name: str, default: str) -> float:

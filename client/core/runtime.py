@@ -59,7 +59,8 @@ class Recording(Protocol):
 # The recording modes by name ("adaptive": client/modes/adaptive.py), given by the layer above when
 # it registers the device (client/api/backend.py): the runtime imports no mode.
 RECORDING_MODES: dict[str, Callable[[Runtime], Recording]] = {}
-# Called with the runtime after its mode is set (the C++ door's, client/door/fast.py).
+# Called with the runtime after its mode or recorder is set (the C++ door's,
+# client/door/fast.py).
 MODE_HOOKS: list[Callable[[Runtime], None]] = []
 
 

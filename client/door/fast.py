@@ -21,21 +21,22 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
+import sysconfig
 import warnings
+import weakref
 from pathlib import Path
 from types import ModuleType
 
 import torch
-from trnsim.client.core import runtime, shapes
+from trnsim.client.core import env, runtime, shapes
 from trnsim.client.core.ops import Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs
 from trnsim.simulator import shape_only
 
 SOURCE = Path(__file__).with_name("fast_door.cpp")
 NAME = "trnsim_door"
-ENV = "NEURON_FAST_DOOR"
+ENV = env.NEURON_FAST_DOOR
 
 _module: ModuleType | None = None
 _tried = False
@@ -43,15 +44,15 @@ _on = [False]  # whether the C++ door looks signatures up (set_on)
 
 
 def enabled() -> bool:
-    """Whether NEURON_FAST_DOOR allows the C++ door (on unless "off", "0" or "false")."""
-    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+    """Whether NEURON_FAST_DOOR allows the C++ door (client/core/env.py)."""
+    return env.fast_door()
 
 
 def build_directory() -> Path:
-    """Where the door is built: per source and torch version, so a change rebuilds it."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "trnsim" / "door" / digest
+    """Where the door is built: per source, torch and Python, so a change rebuilds it."""
+    built_for = f"{torch.__version__} {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}"
+    digest = hashlib.sha256(SOURCE.read_bytes() + built_for.encode()).hexdigest()[:12]
+    return env.cache_home() / "trnsim" / "door" / digest
 
 
 def load(build: bool = True) -> ModuleType | None:
@@ -61,7 +62,11 @@ def load(build: bool = True) -> ModuleType | None:
     if _module is not None or _tried:
         return _module
     _tried = True
-    if not enabled():
+    try:
+        if not enabled():
+            return None
+    except env.ConfigError as e:
+        warnings.warn(f"{e}; the C++ door stays off", RuntimeWarning, stacklevel=2)
         return None
     where = build_directory()
     built = where / f"{NAME}.so"
@@ -159,8 +164,26 @@ def _view() -> bool:
 
 def install(door: ModuleType) -> None:
     door.install(_served, _view)
+    door.install_guard()
     door.set_on(True)
     _on[0] = True
+
+
+_last_runtime: list[weakref.ref[runtime.Runtime]] = []
+
+
+def mode_set(rt: runtime.Runtime) -> None:
+    """The runtime's mode (or recorder) was set: the C++ door looks signatures up only in
+    eager mode with numerics on (a recording takes every op; shape-only runs compute
+    nothing). A new runtime starts with an empty table (the old one's entries would be
+    refused one by one, and keep the old runtime alive)."""
+    door = _module
+    if door is None:
+        return
+    if not _last_runtime or _last_runtime[0]() is not rt:
+        door.clear()
+        _last_runtime[:] = [weakref.ref(rt)]
+    set_on(rt.recorder is None and rt.numerics and shapes.active is None)
 
 
 # -- what the Python door offers ----------------------------------------------------------------
@@ -178,7 +201,7 @@ def offer(
     door = _module
     if door is None or not shape_only.NUMERICS.on:
         return
-    if not _on[0] and rt.recorder is None and rt is runtime._runtime:
+    if not _on[0] and rt.recorder is None and rt is runtime._runtime and shapes.active is None:
         set_on(True)  # (back in eager mode on a runtime swapped in after another's mode)
     fast = entry.fast
     if fast is None:
@@ -186,7 +209,7 @@ def offer(
     if fast:
         declared = entry.loaded.steps[0].declared[0]  # type: ignore[union-attr]
         sizes, strides = declared if declared is not None else ((), ())
-        door.offer((rt, entry), list(sizes), list(strides))
+        door.offer(spec.name, (rt, entry), list(sizes), list(strides))
 
 
 def _servable(
@@ -244,12 +267,12 @@ def _same(built: object, given: object) -> bool:
     return type(built) is type(given) and built == given
 
 
-def offer_view() -> None:
+def offer_view(spec: OpSpec) -> None:
     """The Python door made a view (client/door/kernel.py _view): the C++ door may make this
     op's views from now on, when no recording wants them."""
     door = _module
     if door is not None:
-        door.offer_view()
+        door.offer_view(spec.name)
 
 
 def set_on(on: bool) -> None:

@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -45,10 +46,10 @@ struct State {
   std::unordered_map<std::string, Fast> table;
   std::unordered_set<const c10::FunctionSchema*> views;  // ops served as views
   py::object served_cb, view;  // Python's callbacks (fast.py)
-  bool on = false;
+  std::atomic<bool> on{false};
   std::vector<std::unique_ptr<torch::Library>> libraries;
   // served calls, and calls handed on to Python, since the last reset
-  int64_t served = 0, handed_on = 0;
+  std::atomic<int64_t> served{0}, handed_on{0};
 };
 
 State& state() {
@@ -58,6 +59,7 @@ State& state() {
 
 // What Python offers for the call it is running now: a signature's token, or a view.
 struct Offer {
+  const c10::OperatorHandle* op = nullptr;  // the call handed on
   py::object token;
   std::vector<int64_t> sizes, strides;
   bool view = false;
@@ -125,9 +127,18 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
   return true;
 }
 
-// A CPU tensor over a neuron tensor's memory (trnsim's device memory is host memory).
+// A CPU tensor over a neuron tensor's memory (trnsim's device memory is host memory): the
+// same storage base and offset (an op taking a storage_offset reads what Python's alias
+// reads), holding the storage alive while the kernel runs without the GIL.
 at::Tensor host_alias(const at::Tensor& t) {
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+  const c10::Storage& storage = t.storage();
+  auto* keep = new c10::Storage(storage);
+  return at::for_blob(storage.mutable_data(), t.sizes())
+      .strides(t.strides())
+      .storage_offset(t.storage_offset())
+      .deleter([keep](void*) { delete keep; })
+      .options(t.options().device(at::kCPU))
+      .make_tensor();
 }
 
 // A neuron tensor over a CPU tensor's memory, holding its storage alive.
@@ -222,6 +233,7 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   }
   ++s.handed_on;
   Offer offer;
+  offer.op = &op;
   Offer* outer = current_offer;
   current_offer = &offer;
   try {
@@ -244,6 +256,36 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   }
   offer.token = py::object();
 }
+
+// The device guard of PrivateUse1: PyTorch's guard for a Python backend
+// (torch._C._acc.DeviceGuard) with its type in C++. Every one of its answers is a constant
+// (one device, index 0; the default stream; events that are always done), but each asks
+// Python for the device type first: about a microsecond, twice per autograd node made and
+// several times per node run backward.
+struct Guard final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
+  c10::Device exchangeDevice(c10::Device) const override { return getDevice(); }
+  c10::Device getDevice() const override { return kNeuron; }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, kNeuron);
+  }
+  c10::Stream getNewStream(c10::Device, int) const override {
+    return c10::Stream(c10::Stream::DEFAULT, kNeuron);
+  }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, kNeuron);
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag)
+      const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+};
 
 }  // namespace
 
@@ -268,20 +310,35 @@ void register_door(const std::vector<std::string>& names, bool fallback) {
 
 void set_on(bool on) { state().on = on; }
 
+// Replaces the Python backend's device guard with the same answers given in C++.
+void install_guard() {
+  static Guard* guard = new Guard();  // (never destroyed: guards outlive every tensor)
+  c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, guard);
+}
+
 // Called by Python's door while it runs a call this door handed on: serve its signature here
 // from now on (token: what the callbacks receive; the output's declared sizes and strides).
-void offer(py::object token, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+// (`name`: the op Python ran, which must be the call this door handed on: a Python kernel
+// reached another way, a custom op's, offers nothing)
+bool offered_for(const Offer* o, const std::string& name) {
+  if (o == nullptr) return false;
+  const c10::OperatorName& op = o->op->operator_name();
+  return name == op.name + "." + (op.overload_name.empty() ? "default" : op.overload_name);
+}
+
+void offer(const std::string& name, py::object token, std::vector<int64_t> sizes,
+           std::vector<int64_t> strides) {
   Offer* o = current_offer;
-  if (o == nullptr) return;
+  if (!offered_for(o, name)) return;
   o->token = std::move(token);
   o->sizes = std::move(sizes);
   o->strides = std::move(strides);
   o->made = true;
 }
 
-void offer_view() {
+void offer_view(const std::string& name) {
   Offer* o = current_offer;
-  if (o == nullptr) return;
+  if (!offered_for(o, name)) return;
   o->view = true;
   o->made = true;
 }
@@ -295,8 +352,8 @@ void clear() {
 py::dict stats() {
   State& s = state();
   py::dict d;
-  d["served"] = s.served;
-  d["handed_on"] = s.handed_on;
+  d["served"] = s.served.load();
+  d["handed_on"] = s.handed_on.load();
   d["signatures"] = s.table.size();
   d["view_ops"] = s.views.size();
   return d;
@@ -307,6 +364,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install);
   m.def("register_door", &register_door);
   m.def("set_on", &set_on);
+  m.def("install_guard", &install_guard);
   m.def("offer", &offer);
   m.def("offer_view", &offer_view);
   m.def("clear", &clear);

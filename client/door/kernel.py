@@ -70,7 +70,7 @@ def _view(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     if rt.recorder is not None and rt.recorder.pending:
         rt.recorder.view(spec, args, kwargs, result)
     elif shapes.active is None:
-        fast.offer_view()  # (the C++ door makes this op's views from now on)
+        fast.offer_view(spec)  # (the C++ door makes this op's views from now on)
     return result
 
 

@@ -175,6 +175,8 @@ def compiled_region(
     if not isinstance(region, Region):
         region = rt.recorders["region"] = Region(rt)
     rt.recorder = region
+    for hook in runtime.MODE_HOOKS:  # (the C++ door steps aside: client/door/fast.py)
+        hook(rt)
     region.bound, region.draws, region.traced = bound, draws_in_order, traced
     if traced is not None:
         counts = rt.metrics.counts
@@ -191,4 +193,6 @@ def compiled_region(
             region.flush("region_end")  # (after an error too: those ops were issued)
         finally:
             rt.recorder = previous
+            for hook in runtime.MODE_HOOKS:
+                hook(rt)
             region.bound, region.draws, region.traced = None, False, None
