@@ -1,8 +1,8 @@
 """The C++ door (fast_door.cpp): PyTorch's PrivateUse1 kernel of the ops the Python door
 serves, which serves warm eager calls itself and hands every other call on to Python.
 
-A warm eager call of an op that returns one new tensor from tensor arguments only (add, mul,
-mm, silu...) or of a view op costs the Python door a dozen Python steps of about a
+A warm eager call of an op that returns one new tensor (add, mul, mm, silu...), of an
+in-place op writing its first argument (add_, mul_, zero_, copy_...) or of a view op costs the Python door a dozen Python steps of about a
 microsecond each (docs/host-time.md). The C++ door keys the call by its signature without
 converting it to Python objects and, for a signature Python has offered (`offer`, from
 eager mode's hot path), runs the CPU's kernel over host aliases itself. Python keeps the
@@ -30,7 +30,7 @@ from types import ModuleType
 
 import torch
 from trnsim.client.core import env, runtime, shapes
-from trnsim.client.core.ops import Entry, OpSpec
+from trnsim.client.core.ops import WRITE, Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs
 from trnsim.simulator import shape_only
 
@@ -129,13 +129,7 @@ def _served(token: tuple[runtime.Runtime, Entry], host: torch.Tensor, out: torch
     now, else accounted as eager.run accounts it (its counters, HBM block, launch and the
     block's adoption by the output's storage)."""
     rt, entry = token
-    if (
-        rt is not runtime._runtime
-        or rt.recorder is not None
-        or rt.awaiting
-        or shapes.active is not None
-        or not shape_only.NUMERICS.on
-    ):
+    if not _may_serve(rt):
         return False
     counts = rt.counts
     counts["ops_dispatched"] += 1
@@ -145,6 +139,33 @@ def _served(token: tuple[runtime.Runtime, Entry], host: torch.Tensor, out: torch
     rt.launch(entry.loaded)  # type: ignore[arg-type]
     memory.adopt(out, block, host)
     return True
+
+
+def _wrote(token: tuple[runtime.Runtime, Entry]) -> bool:
+    """A warm call of an in-place op, computed in C++ into its first argument's memory:
+    False if the Python door must take the call now (it runs it again: the same values
+    written again), else accounted as eager mode accounts it (its counters and launch)."""
+    rt, entry = token
+    if not _may_serve(rt):
+        return False
+    counts = rt.counts
+    counts["ops_dispatched"] += 1
+    counts["cache_hits"] += 1
+    rt.launch(entry.loaded)  # type: ignore[arg-type]
+    return True
+
+
+def _may_serve(rt: runtime.Runtime) -> bool:
+    """Whether the Python door would run a call of this runtime's eager mode now as the C++
+    door did: no recording takes it, numerics on, no collective output awaited, no shapes
+    recorded."""
+    return (
+        rt is runtime._runtime
+        and rt.recorder is None
+        and not rt.awaiting
+        and shapes.active is None
+        and shape_only.NUMERICS.on
+    )
 
 
 def _view() -> bool:
@@ -163,7 +184,7 @@ def _view() -> bool:
 
 
 def install(door: ModuleType) -> None:
-    door.install(_served, _view)
+    door.install(_served, _wrote, _view)
     door.install_guard()
     door.set_on(True)
     _on[0] = True
@@ -196,8 +217,9 @@ def offer(
     tensors: list[torch.Tensor],
     scalars: list[float],
 ) -> None:
-    """Eager mode ran this call of the entry on its hot path (one new tensor out): may the
-    C++ door serve its signature from now on? Decided once per entry (entry.fast)."""
+    """Eager mode ran this call of the entry (one new tensor out, or its first argument
+    written in place): may the C++ door serve its signature from now on? Decided once per
+    entry (entry.fast)."""
     door = _module
     if door is None or not shape_only.NUMERICS.on:
         return
@@ -207,9 +229,12 @@ def offer(
     if fast is None:
         fast = entry.fast = _servable(spec, entry, args, kwargs, tensors, scalars)
     if fast:
-        declared = entry.loaded.steps[0].declared[0]  # type: ignore[union-attr]
-        sizes, strides = declared if declared is not None else ((), ())
-        door.offer(spec.name, (rt, entry), list(sizes), list(strides))
+        if entry.one_fresh_output:
+            declared = entry.loaded.steps[0].declared[0]  # type: ignore[union-attr]
+            sizes, strides = declared if declared is not None else ((), ())
+            door.offer(spec.name, (rt, entry), list(sizes), list(strides), False)
+        else:  # (it writes its first argument)
+            door.offer(spec.name, (rt, entry), [], [], True)
 
 
 def _servable(
@@ -231,8 +256,9 @@ def _servable(
         or not entry.verified
         or entry.takes is not None
         or entry.cpu_draw
-        or not entry.one_fresh_output
+        or entry.out_args
         or spec.shape_from_scalars
+        or not (entry.one_fresh_output or writes_first(entry, args, tensors))
     ):
         return False
     step = loaded.steps[0]
@@ -252,6 +278,22 @@ def _servable(
         _same(positional, list(args))
         and keywords.keys() == kwargs.keys()
         and all(_same(keywords[k], kwargs[k]) for k in kwargs)
+    )
+
+
+def writes_first(entry: Entry, args: Args, tensors: list[torch.Tensor]) -> bool:
+    """The entry's op writes its first argument, a device tensor, and returns it (add_,
+    mul_, zero_, copy_...), and makes nothing else."""
+    returns = entry.returns
+    return (
+        len(returns) == 1
+        and returns[0].kind is WRITE
+        and returns[0].arg == 0
+        and not entry.dynamic
+        and bool(args)
+        and bool(tensors)
+        and args[0] is tensors[0]
+        and not tensors[0].is_cpu
     )
 
 

@@ -40,12 +40,13 @@ const c10::Device kNeuron(c10::DeviceType::PrivateUse1, 0);
 struct Fast {
   py::object token;
   std::vector<int64_t> sizes, strides;
+  bool writes = false;  // an in-place op: it writes its first argument and returns it
 };
 
 struct State {
   std::unordered_map<std::string, Fast> table;
   std::unordered_set<const c10::FunctionSchema*> views;  // ops served as views
-  py::object served_cb, view;  // Python's callbacks (fast.py)
+  py::object served_cb, wrote_cb, view;  // Python's callbacks (fast.py)
   std::atomic<bool> on{false};
   std::vector<std::unique_ptr<torch::Library>> libraries;
   // served calls, and calls handed on to Python, since the last reset
@@ -62,6 +63,7 @@ struct Offer {
   const c10::OperatorHandle* op = nullptr;  // the call handed on
   py::object token;
   std::vector<int64_t> sizes, strides;
+  bool writes = false;
   bool view = false;
   bool made = false;
 };
@@ -181,6 +183,17 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
     }
     if (cpu.size() != 1 || !cpu[0].isTensor()) return false;
     result = cpu[0].toTensor();
+    if (fast.writes) {  // (it returns its first argument, written: the neuron tensor)
+      if (!args[0].isTensor() || args[0].toTensor().device().type() != kNeuron.type() ||
+          n_aliased == 0 || result.storage().unsafeGetStorageImpl() != aliased[0]) {
+        return false;
+      }
+      if (!s.wrote_cb(fast.token).cast<bool>()) return false;
+      at::Tensor self = args[0].toTensor();
+      torch::jit::drop(*stack, n);
+      stack->emplace_back(std::move(self));
+      return true;
+    }
     for (int i = 0; i < n_aliased; ++i) {  // (an output over an input's memory is no new tensor)
       if (result.storage().unsafeGetStorageImpl() == aliased[i]) return false;
     }
@@ -252,7 +265,8 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   if (offer.view) {
     s.views.insert(&op.schema());
   } else if (keyed) {
-    s.table[key] = Fast{std::move(offer.token), std::move(offer.sizes), std::move(offer.strides)};
+    s.table[key] = Fast{std::move(offer.token), std::move(offer.sizes), std::move(offer.strides),
+                        offer.writes};
   }
   offer.token = py::object();
 }
@@ -290,9 +304,10 @@ struct Guard final : public c10::impl::DeviceGuardImplInterface {
 }  // namespace
 
 // -- what Python calls (client/door/fast.py) ------------------------------------------------
-void install(py::object served, py::object view) {
+void install(py::object served, py::object wrote, py::object view) {
   State& s = state();
   s.served_cb = std::move(served);
+  s.wrote_cb = std::move(wrote);
   s.view = std::move(view);
 }
 
@@ -327,9 +342,10 @@ bool offered_for(const Offer* o, const std::string& name) {
 }
 
 void offer(const std::string& name, py::object token, std::vector<int64_t> sizes,
-           std::vector<int64_t> strides) {
+           std::vector<int64_t> strides, bool writes) {
   Offer* o = current_offer;
   if (!offered_for(o, name)) return;
+  o->writes = writes;
   o->token = std::move(token);
   o->sizes = std::move(sizes);
   o->strides = std::move(strides);

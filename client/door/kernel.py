@@ -141,7 +141,7 @@ def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
         if result is not NOT_RECORDED:
             return result
     result = eager.run(rt, spec, entry, tensors, scalars)
-    if entry.fast is not False and entry.one_fresh_output:
+    if entry.fast is not False:
         fast.offer(rt, spec, entry, args, kwargs, tensors, scalars)  # (served in C++ next?)
     return result
 

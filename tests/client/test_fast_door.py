@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(
 
 def _program() -> list[torch.Tensor]:
     """A few training steps of a small MLP, on ops the door serves (mm, mul, add, relu and
-    their backward, views, sum over dims, floats) and ops it does not (in-place updates)."""
+    their backward, views, sum over dims, floats, in-place mul_ and add_) and ops it does
+    not (the optimizer's foreach updates)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(
         "neuron"
@@ -31,7 +32,8 @@ def _program() -> list[torch.Tensor]:
     out = []
     for _ in range(3):
         y = model(x)
-        loss = (y * 0.5).sum(dim=1, keepdim=True).mean() + y.t().pow(2).sum()
+        h = y.detach().clone().mul_(2).add_(y.detach())  # (in-place ops, served too)
+        loss = (y * 0.5).sum(dim=1, keepdim=True).mean() + y.t().pow(2).sum() + h.sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
