@@ -4,6 +4,8 @@
 
 Each case runs alternately on both devices; the median of `repeat` timings of `number`
 calls is reported, with the ratio neuron / CPU. Warm: every executable is already cached.
+With the C++ door (client/door/fast.py) built, the same calls through the Python door alone
+are timed in turn too (the column "python door").
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from trnsim.client.door import fast
 
 
 def _time(fn: Callable[[], object], number: int) -> float:
@@ -52,14 +55,25 @@ def main() -> None:
         for fn in neuron.values():  # compile everything first: measure the warm path
             fn()
         torch.neuron.synchronize()
-        print(f"{'op':<26} {'cpu us':>8} {'neuron us':>10} {'ratio':>7}")
+        both = fast.module() is not None
+        print(
+            f"{'op':<26} {'cpu us':>8} {'neuron us':>10} {'ratio':>7}"
+            + (f" {'python door us':>15} {'ratio':>7}" if both else "")
+        )
         for name in cpu:
-            c, n = [], []
+            c, n, p = [], [], []
             for _ in range(args.repeat):
                 c.append(_time(cpu[name], args.number))
                 n.append(_time(neuron[name], args.number))
+                if both:
+                    with fast.python_door_only():
+                        p.append(_time(neuron[name], args.number))
             mc, mn = statistics.median(c), statistics.median(n)
-            print(f"{name:<26} {mc:>8.2f} {mn:>10.2f} {mn / mc:>6.1f}x")
+            line = f"{name:<26} {mc:>8.2f} {mn:>10.2f} {mn / mc:>6.1f}x"
+            if both:
+                mp = statistics.median(p)
+                line += f" {mp:>15.2f} {mp / mc:>6.1f}x"
+            print(line)
     m = torch.neuron.metrics()
     print(
         f"compiled during timing: {m['executables_compiled']} executables in all (warm-up included)"

@@ -11,6 +11,9 @@ mode is warmed up first (every executable compiled, adaptive graphs fused), then
 turns step by step, so that the shared machine's load falls on all of them alike; the median
 of each mode's steps is printed with the ratios eager/CPU, adaptive/eager and compiled/eager.
 
+--python-door adds eager mode with the C++ door stepping aside (every op through the Python
+door, client/door/fast.py) as one more alternated mode, and the ratio of the two eagers.
+
 --profile MODE runs only that mode's warm steps under cProfile and prints where the host time
 goes, by part of trnsim (the table in docs/ARCHITECTURE.md, "Where the host time goes").
 
@@ -36,11 +39,14 @@ os.environ.setdefault("NEURON_COMPILE_DAEMON", "off")
 os.environ.setdefault("NEURON_SIM_COMPILE_CLOCK", "off")
 
 import torch
+from trnsim.client.door import fast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "zoo"))
 from modes import wait_for_fused_compiles  # (benchmarks/modes.py)
 
 MODES = ("cpu", "eager", "adaptive", "compiled")
+# With --python-door: eager mode again with the C++ door stepping aside (client/door/fast.py).
+PYTHON_DOOR = "python door"
 DEFAULT_MODELS = ("llama", "gpt2", "bert", "t5", "vit", "mixtral")
 Step = Callable[[], float]
 
@@ -69,6 +75,13 @@ def stepper(case: Any, initial: torch.nn.Module, mode: str) -> Step:
         opt.step()
         return float(loss.item())
 
+    if mode == "python door":  # eager mode with every op through the Python door
+
+        def python_door_step() -> float:
+            with fast.python_door_only():
+                return step()
+
+        return python_door_step
     return step
 
 
@@ -124,21 +137,27 @@ def measure(name: str, modes: tuple[str, ...], n_steps: int, warmup: int) -> dic
     return med
 
 
-def table(models: list[str], n_steps: int, warmup: int) -> None:
+def table(models: list[str], n_steps: int, warmup: int, python_door: bool = False) -> None:
     print(f"real ms per training step (median of {n_steps}, modes alternated), and ratios")
     print(
         f"{'model':<14} {'cpu':>8} {'eager':>8} {'adaptive':>9} {'compiled':>9}"
         f" {'eager/cpu':>10} {'adapt/eager':>12} {'comp/eager':>11}"
+        + (f" {'py door':>8} {'eager/py door':>14}" if python_door else "")
     )
     ratios: dict[str, list[float]] = {"eager/cpu": [], "adaptive/eager": [], "compiled/eager": []}
     for name in models:
-        m = measure(name, MODES, n_steps, warmup)
+        m = measure(name, MODES + ((PYTHON_DOOR,) if python_door else ()), n_steps, warmup)
         r = (m["eager"] / m["cpu"], m["adaptive"] / m["eager"], m["compiled"] / m["eager"])
         for key, value in zip(ratios, r, strict=True):
             ratios[key].append(value)
         print(
             f"{name:<14} {m['cpu']:>8.2f} {m['eager']:>8.2f} {m['adaptive']:>9.2f}"
-            f" {m['compiled']:>9.2f} {r[0]:>10.2f} {r[1]:>12.2f} {r[2]:>11.2f}",
+            f" {m['compiled']:>9.2f} {r[0]:>10.2f} {r[1]:>12.2f} {r[2]:>11.2f}"
+            + (
+                f" {m[PYTHON_DOOR]:>8.2f} {m['eager'] / m[PYTHON_DOOR]:>14.2f}"
+                if python_door
+                else ""
+            ),
             flush=True,
         )
     print(
@@ -228,6 +247,12 @@ def main() -> None:
         "step compiles nothing and takes no newly compiled graph in)",
     )
     parser.add_argument(
+        "--python-door",
+        action="store_true",
+        help="also time eager mode with every op through the Python door (the C++ door "
+        "stepping aside), alternated with the others: the column 'py door'",
+    )
+    parser.add_argument(
         "--profile",
         choices=MODES,
         help="profile one mode's warm steps instead, by part of trnsim "
@@ -244,7 +269,7 @@ def main() -> None:
         for name in models:
             profile(name, args.profile, args.steps, args.warmup)
         return
-    table(models, args.steps, args.warmup)
+    table(models, args.steps, args.warmup, args.python_door)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,14 @@ compiler the Python door serves everything, with one warning.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import sys
 import sysconfig
 import warnings
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -41,6 +43,7 @@ ENV = env.NEURON_FAST_DOOR
 _module: ModuleType | None = None
 _tried = False
 _on = [False]  # whether the C++ door looks signatures up (set_on)
+_suspended = [False]  # python_door_only: every op takes the Python door until resumed
 
 
 def enabled() -> bool:
@@ -223,7 +226,13 @@ def offer(
     door = _module
     if door is None or not shape_only.NUMERICS.on:
         return
-    if not _on[0] and rt.recorder is None and rt is runtime._runtime and shapes.active is None:
+    if (
+        not _on[0]
+        and not _suspended[0]
+        and rt.recorder is None
+        and rt is runtime._runtime
+        and shapes.active is None
+    ):
         set_on(True)  # (back in eager mode on a runtime swapped in after another's mode)
     fast = entry.fast
     if fast is None:
@@ -322,8 +331,25 @@ def set_on(on: bool) -> None:
     numerics on (a recording mode takes every op, and shape-only runs compute nothing)."""
     door = _module
     if door is not None:
+        on = on and not _suspended[0]
         door.set_on(on)
         _on[0] = on
+
+
+@contextlib.contextmanager
+def python_door_only() -> Iterator[None]:
+    """Inside the block every op takes the Python door, as with NEURON_FAST_DOOR=off (for
+    benchmarks and tests that compare the two doors in one process)."""
+    was = _suspended[0]
+    _suspended[0] = True
+    set_on(False)
+    try:
+        yield
+    finally:
+        _suspended[0] = was
+        rt = runtime._runtime
+        if rt is not None:
+            set_on(rt.recorder is None and rt.numerics and shapes.active is None)
 
 
 def stats() -> dict[str, int]:
