@@ -7,8 +7,9 @@ What a small op could cost if the door were C++: it builds (torch.utils.cpp_exte
 `aten::add.Tensor` on neuron tensors that does only what cannot be skipped (the inputs'
 host aliases, the CPU's add, the output as a neuron tensor over the CPU result's memory)
 and none of trnsim's accounting (no signature, no HBM block, no launch), then times
-`torch.add` of two tensors of 16 floats: trnsim's Python door first, then, in the same
-process, that kernel registered in its place, then the CPU. The kernel replaces trnsim's
+`torch.add` of two tensors of 16 floats: trnsim's door first (the C++ door when it is built,
+client/door/fast.py, else the Python door), then, in the same process, that kernel
+registered in its place, then the CPU. The kernel replaces trnsim's
 for the rest of the process (PyTorch warns that it overrides a kernel): run it as its own
 command. Needs g++ and ninja.
 """
@@ -69,6 +70,9 @@ def main() -> None:
     scope["an"], scope["bn"] = a.to("neuron"), b.to("neuron")
     torch.add(scope["an"], scope["bn"])  # (compiled: the warm path is timed)
     door = _us("torch.add(an, bn)", scope, args.number, args.repeat)
+    from trnsim.client.door import fast
+
+    which = "C++ door" if fast.module() is not None else "Python"
     print("building the C++ kernel (about 20 s the first time)...", flush=True)
     from torch.utils.cpp_extension import load_inline
 
@@ -81,7 +85,7 @@ def main() -> None:
     cpu = _us("torch.add(a, b)", scope, args.number, args.repeat)
     print(f"{'add (16,)':<40} {'us':>7} {'x CPU':>7}")
     for name, us in (
-        ("trnsim's door (Python, warm)", door),
+        (f"trnsim's door ({which}, warm)", door),
         ("a C++ kernel: aliases, CPU add, output", floor),
         ("CPU", cpu),
     ):

@@ -89,7 +89,10 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
         put(key, 1);
         continue;
       }
-      if (t.layout() != c10::kStrided || t.is_neg() || t.is_conj() || n_seen == 16) return false;
+      if (t.layout() != c10::kStrided || t.is_neg() || t.is_conj() || t.is_quantized() ||
+          t.is_nested() || t._is_zerotensor() || n_seen == 16) {
+        return false;
+      }
       const auto device = t.device().type();
       if (device != c10::DeviceType::PrivateUse1 && device != c10::DeviceType::CPU) return false;
       put(key, device == c10::DeviceType::CPU ? 2 : 3);
