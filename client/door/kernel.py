@@ -69,7 +69,7 @@ def _view(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
     result = spec.op._handle.redispatch_boxed(special.META, *args, **kwargs)
     if rt.recorder is not None and rt.recorder.pending:
         rt.recorder.view(spec, args, kwargs, result)
-    elif shapes.active is None:
+    elif rt.recorder is None and shapes.active is None:
         fast.offer_view(spec)  # (the C++ door makes this op's views from now on)
     return result
 
@@ -141,7 +141,7 @@ def run_op(spec: OpSpec, args: Args, kwargs: Kwargs) -> OpValue:
         if result is not NOT_RECORDED:
             return result
     result = eager.run(rt, spec, entry, tensors, scalars)
-    if entry.fast is not False:
+    if entry.fast is not False and recorder is None:  # (a recording mode: the door is off)
         fast.offer(rt, spec, entry, args, kwargs, tensors, scalars)  # (served in C++ next?)
     return result
 
