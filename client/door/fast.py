@@ -34,7 +34,7 @@ import torch
 from trnsim.client.core import env, runtime, shapes
 from trnsim.client.core.ops import WRITE, Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs
-from trnsim.simulator import shape_only
+from trnsim.simulator.shape_only import NUMERICS
 
 SOURCE = Path(__file__).with_name("fast_door.cpp")
 NAME = "trnsim_door"
@@ -132,11 +132,8 @@ def _served(token: tuple[runtime.Runtime, Entry], host: torch.Tensor, out: torch
     now, else accounted as eager.run accounts it (its counters, HBM block, launch and the
     block's adoption by the output's storage)."""
     rt, entry = token
-    if not _may_serve(rt):
+    if not _counted(rt):
         return False
-    counts = rt.counts
-    counts["ops_dispatched"] += 1
-    counts["cache_hits"] += 1
     memory = rt.memory
     block = memory.allocate(entry.one_fresh_output)  # type: ignore[arg-type]
     rt.launch(entry.loaded)  # type: ignore[arg-type]
@@ -149,26 +146,28 @@ def _wrote(token: tuple[runtime.Runtime, Entry]) -> bool:
     False if the Python door must take the call now (it runs it again: the same values
     written again), else accounted as eager mode accounts it (its counters and launch)."""
     rt, entry = token
-    if not _may_serve(rt):
+    if not _counted(rt):
         return False
-    counts = rt.counts
-    counts["ops_dispatched"] += 1
-    counts["cache_hits"] += 1
     rt.launch(entry.loaded)  # type: ignore[arg-type]
     return True
 
 
-def _may_serve(rt: runtime.Runtime) -> bool:
+def _counted(rt: runtime.Runtime) -> bool:
     """Whether the Python door would run a call of this runtime's eager mode now as the C++
-    door did: no recording takes it, numerics on, no collective output awaited, no shapes
-    recorded."""
-    return (
-        rt is runtime._runtime
-        and rt.recorder is None
-        and not rt.awaiting
-        and shapes.active is None
-        and shape_only.NUMERICS.on
-    )
+    door did (no collective output awaited, and _eager); if so, counted as the Python door
+    counts a signature cache hit."""
+    if rt is not runtime._runtime or rt.awaiting or not _eager(rt):
+        return False
+    counts = rt.counts
+    counts["ops_dispatched"] += 1
+    counts["cache_hits"] += 1
+    return True
+
+
+def _eager(rt: runtime.Runtime) -> bool:
+    """The runtime runs ops as eager mode does, one by one and computed: no recording takes
+    them, numerics on, no shapes recorded (what the C++ door is on for)."""
+    return rt.recorder is None and rt.numerics and shapes.active is None and NUMERICS.on
 
 
 def _view() -> bool:
@@ -207,7 +206,7 @@ def mode_set(rt: runtime.Runtime) -> None:
     if not _last_runtime or _last_runtime[0]() is not rt:
         door.clear()
         _last_runtime[:] = [weakref.ref(rt)]
-    set_on(rt.recorder is None and rt.numerics and shapes.active is None)
+    set_on(_eager(rt))
 
 
 # -- what the Python door offers ----------------------------------------------------------------
@@ -224,15 +223,9 @@ def offer(
     written in place): may the C++ door serve its signature from now on? Decided once per
     entry (entry.fast)."""
     door = _module
-    if door is None or not shape_only.NUMERICS.on:
+    if door is None or not NUMERICS.on:
         return
-    if (
-        not _on[0]
-        and not _suspended[0]
-        and rt.recorder is None
-        and rt is runtime._runtime
-        and shapes.active is None
-    ):
+    if not _on[0] and not _suspended[0] and rt is runtime._runtime and _eager(rt):
         set_on(True)  # (back in eager mode on a runtime swapped in after another's mode)
     fast = entry.fast
     if fast is None:
@@ -349,7 +342,7 @@ def python_door_only() -> Iterator[None]:
         _suspended[0] = was
         rt = runtime._runtime
         if rt is not None:
-            set_on(rt.recorder is None and rt.numerics and shapes.active is None)
+            set_on(_eager(rt))
 
 
 def stats() -> dict[str, int]:
