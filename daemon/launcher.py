@@ -321,8 +321,8 @@ def ensure_daemon(
     if info is not None or path is None:
         return info  # (a TCP daemon is started by its operator, not by clients)
     ensure_private_dir(path.parent)
-    if pathlock.held_by(path) is not None and listener(path) is not None:
-        return None  # it listens, and did not answer in INFO_TIMEOUT_S: hung or swamped
+    # probe raised for a daemon that listens and does not answer (hung). None with the path
+    # held is one that is binding its socket as we asked (refused): wait for it below.
     deadline = time.monotonic() + wait_s
     started: _Started | None = None
     while time.monotonic() < deadline:
