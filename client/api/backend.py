@@ -177,11 +177,18 @@ _DIRECT_ALWAYS = ("empty.memory_format", "empty_strided", "_copy_from")
 
 
 def _register_early_kernels() -> torch.library.Library:
+    """Behind the C++ door (which makes empty tensors and copies between neuron tensors
+    itself when warm) when it is loaded."""
+    from trnsim.client.door import fast
+
     lib = torch.library.Library("aten", "IMPL")
     for name in _DIRECT_ALWAYS:
         base, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
-        lib.impl(name, functools.partial(_fallback, op), "PrivateUse1")
+        lib.impl(name, functools.partial(_fallback, op), _PYTHON_KEY[0])
+    door = fast.module()
+    if door is not None:
+        door.register_door(list(_DIRECT_ALWAYS), False)
     # _to_copy's own kernel for the device is its composite one (empty + copy_), which the
     # dispatcher would pick anyway: registered directly for the same reason.
     lib.impl("_to_copy", _to_copy, "PrivateUse1")

@@ -32,7 +32,7 @@ from types import ModuleType
 
 import torch
 from trnsim.client.core import env, runtime, shapes
-from trnsim.client.core.ops import WRITE, Entry, OpSpec
+from trnsim.client.core.ops import FRESH, WRITE, Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs
 from trnsim.simulator.shape_only import NUMERICS
 
@@ -141,6 +141,37 @@ def _served(token: tuple[runtime.Runtime, Entry], host: torch.Tensor, out: torch
     return True
 
 
+def _served_many(
+    token: tuple[runtime.Runtime, Entry],
+    hosts: tuple[torch.Tensor, ...],
+    outs: tuple[torch.Tensor, ...],
+) -> bool:
+    """_served() of an op returning several new tensors (layer_norm's output, mean and
+    rstd): a block each, allocated in order as eager mode allocates them, one launch."""
+    rt, entry = token
+    if not _counted(rt):
+        return False
+    memory = rt.memory
+    blocks = [memory.allocate(r.nbytes) for r in entry.returns]
+    rt.launch(entry.loaded)  # type: ignore[arg-type]
+    for out, block, host in zip(outs, blocks, hosts, strict=True):
+        memory.adopt(out, block, host)
+    return True
+
+
+def _made(host: torch.Tensor, out: torch.Tensor, nbytes: int) -> bool:
+    """An empty tensor made in C++ (`host`, its CPU memory, and `out`, the neuron tensor over
+    it): False if the Python door must make it now, else accounted as the Python door's
+    `empty` accounts it (counted, and an HBM block of `nbytes` its storage adopts)."""
+    rt = runtime._runtime
+    if rt is None or not _eager(rt):
+        return False
+    rt.counts["ops_dispatched"] += 1
+    memory = rt.memory
+    memory.adopt(out, memory.allocate(nbytes), host)
+    return True
+
+
 def _wrote(token: tuple[runtime.Runtime, Entry]) -> bool:
     """A warm call of an in-place op, computed in C++ into its first argument's memory:
     False if the Python door must take the call now (it runs it again: the same values
@@ -186,7 +217,7 @@ def _view() -> bool:
 
 
 def install(door: ModuleType) -> None:
-    door.install(_served, _wrote, _view)
+    door.install(_served, _served_many, _wrote, _view, _made)
     door.install_guard()
     door.set_on(True)
     _on[0] = True
@@ -231,12 +262,14 @@ def offer(
     if fast is None:
         fast = entry.fast = _servable(spec, entry, args, kwargs, tensors, scalars)
     if fast:
-        if entry.one_fresh_output:
-            declared = entry.loaded.steps[0].declared[0]  # type: ignore[union-attr]
-            sizes, strides = declared if declared is not None else ((), ())
-            door.offer(spec.name, (rt, entry), list(sizes), list(strides), False)
+        if entry.one_fresh_output or several_fresh(entry):
+            outputs = [
+                (list(d[0]), list(d[1])) if d is not None else ([], [])
+                for d in entry.loaded.steps[0].declared  # type: ignore[union-attr]
+            ]
+            door.offer(spec.name, (rt, entry), outputs, False)
         else:  # (it writes its first argument)
-            door.offer(spec.name, (rt, entry), [], [], True)
+            door.offer(spec.name, (rt, entry), [], True)
 
 
 def _servable(
@@ -260,7 +293,9 @@ def _servable(
         or entry.cpu_draw
         or entry.out_args
         or spec.shape_from_scalars
-        or not (entry.one_fresh_output or writes_first(entry, args, tensors))
+        or not (
+            entry.one_fresh_output or several_fresh(entry) or writes_first(entry, args, tensors)
+        )
     ):
         return False
     step = loaded.steps[0]
@@ -281,6 +316,13 @@ def _servable(
         and keywords.keys() == kwargs.keys()
         and all(_same(keywords[k], kwargs[k]) for k in kwargs)
     )
+
+
+def several_fresh(entry: Entry) -> bool:
+    """The entry's op returns several new tensors of known sizes, and nothing else
+    (layer_norm, native_dropout, nll_loss_forward, topk...)."""
+    returns = entry.returns
+    return len(returns) > 1 and not entry.dynamic and all(r.kind is FRESH for r in returns)
 
 
 def writes_first(entry: Entry, args: Args, tensors: list[torch.Tensor]) -> bool:

@@ -3,8 +3,8 @@
 // Python's kernels (client/door/kernel.py, reached through client/api/backend.py) are
 // registered under PrivateUse2, a key no tensor carries; this door is registered under
 // PrivateUse1 for the same ops and hands each call on to them (a redispatch), except a warm
-// eager call it has been shown once: an op returning one new tensor, all of whose arguments
-// are tensors, or a view op. Such a call is served here from a table keyed by its signature
+// eager call it has been shown once: an op returning new tensors (one, or several as
+// layer_norm), an op writing its first argument, or a view op. Such a call is served here from a table keyed by its signature
 // (the op, each tensor's sizes, strides, dtype and device, which arguments are the same
 // tensor, and every other argument's value), without converting it to Python objects: the
 // CPU's kernel runs over host aliases of the inputs' memory, and the result becomes a neuron
@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -35,18 +36,29 @@ const c10::DispatchKeySet kPythonDoor(c10::DispatchKey::PrivateUse2);
 const c10::DispatchKeySet kMeta(c10::DispatchKey::Meta);
 const c10::Device kNeuron(c10::DeviceType::PrivateUse1, 0);
 
-// A signature Python offered: its token (what the callbacks account) and the output's
-// declared layout (the Meta kernel's), which the CPU's result is conformed to.
+// An output's declared layout (the Meta kernel's), which the CPU's result is conformed to.
+struct Layout {
+  std::vector<int64_t> sizes, strides;
+};
+
+// A signature Python offered: its token (what the callbacks account) and the layout of each
+// new tensor it returns (one, or several: layer_norm's output, mean and rstd).
 struct Fast {
   py::object token;
-  std::vector<int64_t> sizes, strides;
+  std::vector<Layout> outputs;
   bool writes = false;  // an in-place op: it writes its first argument and returns it
 };
 
 struct State {
   std::unordered_map<std::string, Fast> table;
   std::unordered_set<const c10::FunctionSchema*> views;  // ops served as views
-  py::object served_cb, wrote_cb, view;  // Python's callbacks (fast.py)
+  py::object served_cb, served_many_cb, wrote_cb, view, made_cb;  // Python's (fast.py)
+  // The allocations (empty, empty_strided) and the copy between two neuron tensors
+  // (_copy_from, which Python runs as copy_), served here with their own rules.
+  const c10::FunctionSchema* empty = nullptr;
+  const c10::FunctionSchema* empty_strided = nullptr;
+  const c10::FunctionSchema* copy_from = nullptr;
+  std::optional<c10::OperatorHandle> copy;
   std::atomic<bool> on{false};
   std::vector<std::unique_ptr<torch::Library>> libraries;
   // served calls, and calls handed on to Python, since the last reset
@@ -62,7 +74,7 @@ State& state() {
 struct Offer {
   const c10::OperatorHandle* op = nullptr;  // the call handed on
   py::object token;
-  std::vector<int64_t> sizes, strides;
+  std::vector<Layout> outputs;
   bool writes = false;
   bool view = false;
   bool made = false;
@@ -161,9 +173,19 @@ py::object wrap(const at::Tensor& t) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
 }
 
-// A warm call of an op returning one new tensor (the GIL held; released while it runs).
+// The CPU's result conformed to the layout the graph declares, as Python's executor
+// conforms it.
+at::Tensor conformed(at::Tensor result, const Layout& declared) {
+  if (result.sizes().vec() == declared.sizes && result.strides().vec() != declared.strides) {
+    return at::empty_strided(declared.sizes, declared.strides, result.options()).copy_(result);
+  }
+  return result;
+}
+
+// A warm call of an op returning new tensors, or writing its first argument (the GIL held;
+// released while it runs).
 bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* stack, size_t n) {
-  at::Tensor result;
+  std::vector<at::Tensor> results;
   try {
     Stack cpu;
     cpu.reserve(n);
@@ -184,11 +206,10 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
       py::gil_scoped_release nogil;  // (as PyTorch's kernels run)
       op.callBoxed(&cpu);
     }
-    if (cpu.size() != 1 || !cpu[0].isTensor()) return false;
-    result = cpu[0].toTensor();
     if (fast.writes) {  // (it returns its first argument, written: the neuron tensor)
-      if (!args[0].isTensor() || args[0].toTensor().device().type() != kNeuron.type() ||
-          n_aliased == 0 || result.storage().unsafeGetStorageImpl() != aliased[0]) {
+      if (cpu.size() != 1 || !cpu[0].isTensor() || !args[0].isTensor() ||
+          args[0].toTensor().device().type() != kNeuron.type() || n_aliased == 0 ||
+          cpu[0].toTensor().storage().unsafeGetStorageImpl() != aliased[0]) {
         return false;
       }
       if (!s.wrote_cb(fast.token).cast<bool>()) return false;
@@ -197,22 +218,107 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
       stack->emplace_back(std::move(self));
       return true;
     }
-    for (int i = 0; i < n_aliased; ++i) {  // (an output over an input's memory is no new tensor)
-      if (result.storage().unsafeGetStorageImpl() == aliased[i]) return false;
-    }
-    if (result.sizes().vec() == fast.sizes && result.strides().vec() != fast.strides) {
-      // the layout the graph declares, as Python's executor conforms it
-      result = at::empty_strided(fast.sizes, fast.strides, result.options()).copy_(result);
+    if (cpu.size() != fast.outputs.size()) return false;
+    results.reserve(cpu.size());
+    for (size_t k = 0; k < cpu.size(); ++k) {
+      if (!cpu[k].isTensor() || !cpu[k].toTensor().defined()) return false;
+      const at::Tensor& result = cpu[k].toTensor();
+      const c10::StorageImpl* memory = result.storage().unsafeGetStorageImpl();
+      // (an output over an input's memory, or over another output's, is no new tensor)
+      for (int i = 0; i < n_aliased; ++i) {
+        if (memory == aliased[i]) return false;
+      }
+      for (const auto& other : results) {
+        if (memory == other.storage().unsafeGetStorageImpl()) return false;
+      }
+      results.push_back(conformed(result, fast.outputs[k]));
     }
   } catch (const std::exception&) {
     return false;  // (Python's door runs it again, and raises its own error if it fails too)
   }
-  at::Tensor out = to_device(result);
   // Python's accounting: False if its door must take the call now (a recording, say)
-  if (!s.served_cb(fast.token, wrap(result), wrap(out)).cast<bool>()) return false;
+  std::vector<at::Tensor> outs;
+  outs.reserve(results.size());
+  for (const auto& result : results) outs.push_back(to_device(result));
+  if (outs.size() == 1) {
+    if (!s.served_cb(fast.token, wrap(results[0]), wrap(outs[0])).cast<bool>()) return false;
+  } else {
+    py::tuple hosts(results.size()), devices(outs.size());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      hosts[k] = wrap(results[k]);
+      devices[k] = wrap(outs[k]);
+    }
+    if (!s.served_many_cb(fast.token, hosts, devices).cast<bool>()) return false;
+  }
   torch::jit::drop(*stack, n);
-  stack->emplace_back(std::move(out));
+  for (auto& out : outs) stack->emplace_back(std::move(out));
   return true;
+}
+
+bool is_neuron(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() &&
+         v.toTensor().device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// Larger allocations go to Python, which takes the simulated HBM before the host memory (a
+// tensor the device cannot hold is its OutOfMemoryError, not the host's).
+constexpr int64_t kLargestServedEmpty = int64_t(64) << 20;
+
+// empty.memory_format(size, *, dtype, layout, device, pin_memory, memory_format) or
+// empty_strided(size, stride, *, dtype, layout, device, pin_memory) of a strided tensor on
+// neuron:0, contiguous unless strides are given: the host memory made here (as Python's
+// door makes it: the CPU's empty_strided, NaN-filled under deterministic algorithms), the
+// HBM block and its adoption in Python (fast._made). False: Python's door makes it.
+bool serve_empty(State& s, Stack* stack, bool strided) {
+  const c10::IValue* a = stack->data() + stack->size() - 6;
+  if (!a[0].isIntList() || (strided && !a[1].isIntList())) return false;
+  const c10::IValue* opts = a + (strided ? 2 : 1);  // dtype, layout, device, pin_memory...
+  if (!opts[0].isNone() && !opts[0].isInt()) return false;
+  if (!opts[1].isNone() && opts[1].toLayout() != c10::kStrided) return false;
+  if (!opts[2].isNone()) {
+    if (!opts[2].isDevice()) return false;
+    const c10::Device device = opts[2].toDevice();
+    if (device.type() != c10::DeviceType::PrivateUse1 || (device.has_index() && device.index() != 0)) {
+      return false;
+    }
+  }
+  if (!opts[3].isNone() && opts[3].toBool()) return false;
+  if (!strided && !opts[4].isNone() &&
+      opts[4].toMemoryFormat() != c10::MemoryFormat::Contiguous &&
+      opts[4].toMemoryFormat() != c10::MemoryFormat::Preserve) {
+    return false;
+  }
+  const std::vector<int64_t> sizes = a[0].toIntVector();
+  std::vector<int64_t> strides;
+  if (strided) {
+    strides = a[1].toIntVector();
+    if (strides.size() != sizes.size()) return false;
+  } else {
+    const auto contiguous = c10::contiguous_strides(sizes);
+    strides.assign(contiguous.begin(), contiguous.end());
+  }
+  const at::ScalarType dtype = opts[0].isNone() ? c10::typeMetaToScalarType(at::get_default_dtype())
+                                                : opts[0].toScalarType();
+  int64_t span = 1;  // (the elements it addresses; none when a dimension is 0)
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] < 0 || strides[d] < 0) return false;
+    if (sizes[d] == 0) span = 0;
+  }
+  if (span) {
+    for (size_t d = 0; d < sizes.size(); ++d) span += (sizes[d] - 1) * strides[d];
+  }
+  const int64_t nbytes = span * static_cast<int64_t>(c10::elementSize(dtype));
+  if (nbytes > kLargestServedEmpty) return false;
+  try {
+    at::Tensor host = at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype));
+    at::Tensor out = to_device(host);
+    if (!s.made_cb(wrap(host), wrap(out), nbytes).cast<bool>()) return false;
+    torch::jit::drop(*stack, 6);
+    stack->emplace_back(std::move(out));
+    return true;
+  } catch (const std::exception&) {
+    return false;  // (Python's door makes it again, and raises its own error: out of memory)
+  }
 }
 
 // The boxed kernel registered under PrivateUse1.
@@ -222,13 +328,39 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
     op.redispatchBoxed(kPythonDoor, stack);
     return;
   }
-  const size_t n = op.schema().arguments().size();
+  const c10::FunctionSchema* schema = &op.schema();
+  const size_t n = schema->arguments().size();
   std::string key;
   bool keyed = false;
   bool view = false;
+  // The call as it is keyed, served and offered: itself, or for _copy_from(src, dst,
+  // non_blocking) between two neuron tensors, copy_(dst, src, non_blocking), which is what
+  // Python's door runs for it.
+  const c10::OperatorHandle* as = &op;
+  Stack copy;
   {
     py::gil_scoped_acquire gil;
-    if (s.views.count(&op.schema())) {
+    if (schema == s.empty || schema == s.empty_strided) {
+      if (serve_empty(s, stack, schema == s.empty_strided)) {
+        ++s.served;
+        return;
+      }
+    } else if (schema == s.copy_from) {
+      const c10::IValue* a = stack->data() + stack->size() - n;
+      if (is_neuron(a[0]) && is_neuron(a[1]) && a[2].isBool()) {
+        copy = {a[1], a[0], a[2]};
+        as = &*s.copy;
+        keyed = signature(*as, copy.data(), 3, key);
+        auto found = keyed ? s.table.find(key) : s.table.end();
+        if (found != s.table.end() && serve(s, found->second, *as, &copy, 3)) {
+          at::Tensor written = copy.back().toTensor();
+          torch::jit::drop(*stack, n);
+          stack->emplace_back(std::move(written));
+          ++s.served;
+          return;
+        }
+      }
+    } else if (s.views.count(schema)) {
       // a view op: Python agrees (no recording wants it; it counts the call)
       view = s.view().cast<bool>();
     } else {
@@ -249,7 +381,7 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   }
   ++s.handed_on;
   Offer offer;
-  offer.op = &op;
+  offer.op = as;
   Offer* outer = current_offer;
   current_offer = &offer;
   try {
@@ -268,8 +400,7 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   if (offer.view) {
     s.views.insert(&op.schema());
   } else if (keyed) {
-    s.table[key] = Fast{std::move(offer.token), std::move(offer.sizes), std::move(offer.strides),
-                        offer.writes};
+    s.table[key] = Fast{std::move(offer.token), std::move(offer.outputs), offer.writes};
   }
   offer.token = py::object();
 }
@@ -307,9 +438,17 @@ struct Guard final : public c10::impl::DeviceGuardImplInterface {
 }  // namespace
 
 // -- what Python calls (client/door/fast.py) ------------------------------------------------
-void install(py::object served, py::object wrote, py::object view) {
+void install(py::object served, py::object served_many, py::object wrote, py::object view,
+             py::object made) {
   State& s = state();
   s.served_cb = std::move(served);
+  s.served_many_cb = std::move(served_many);
+  s.made_cb = std::move(made);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  s.empty = &dispatcher.findSchemaOrThrow("aten::empty", "memory_format").schema();
+  s.empty_strided = &dispatcher.findSchemaOrThrow("aten::empty_strided", "").schema();
+  s.copy_from = &dispatcher.findSchemaOrThrow("aten::_copy_from", "").schema();
+  s.copy = dispatcher.findSchemaOrThrow("aten::copy_", "");
   s.wrote_cb = std::move(wrote);
   s.view = std::move(view);
 }
@@ -335,7 +474,8 @@ void install_guard() {
 }
 
 // Called by Python's door while it runs a call this door handed on: serve its signature here
-// from now on (token: what the callbacks receive; the output's declared sizes and strides).
+// from now on (token: what the callbacks receive; each new output's declared sizes and
+// strides, none for an in-place op).
 // (`name`: the op Python ran, which must be the call this door handed on: a Python kernel
 // reached another way, a custom op's, offers nothing)
 bool offered_for(const Offer* o, const std::string& name) {
@@ -344,14 +484,15 @@ bool offered_for(const Offer* o, const std::string& name) {
   return name == op.name + "." + (op.overload_name.empty() ? "default" : op.overload_name);
 }
 
-void offer(const std::string& name, py::object token, std::vector<int64_t> sizes,
-           std::vector<int64_t> strides, bool writes) {
+void offer(const std::string& name, py::object token,
+           const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>& outputs,
+           bool writes) {
   Offer* o = current_offer;
-  if (!offered_for(o, name)) return;
+  if (!offered_for(o, name) || (outputs.empty() != writes)) return;
   o->writes = writes;
   o->token = std::move(token);
-  o->sizes = std::move(sizes);
-  o->strides = std::move(strides);
+  o->outputs.clear();
+  for (const auto& [sizes, strides] : outputs) o->outputs.push_back(Layout{sizes, strides});
   o->made = true;
 }
 

@@ -22,19 +22,23 @@ pytestmark = pytest.mark.skipif(
 
 def _program() -> list[torch.Tensor]:
     """A few training steps of a small MLP, on ops the door serves (mm, mul, add, relu and
-    their backward, views, sum over dims, floats, in-place mul_ and add_) and ops it does
-    not (the optimizer's foreach updates)."""
+    their backward, views, sum over dims, floats, in-place mul_ and add_, layer_norm and
+    topk with several outputs, empty tensors and copies between neuron tensors: clone,
+    contiguous) and ops it does not (the optimizer's foreach updates)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(
-        "neuron"
-    )
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+    ).to("neuron")
     x = torch.randn(5, 8).to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = []
     for _ in range(3):
         y = model(x)
         h = y.detach().clone().mul_(2).add_(y.detach())  # (in-place ops, served too)
-        loss = (y * 0.5).sum(dim=1, keepdim=True).mean() + y.t().pow(2).sum() + h.sum()
+        top = y.topk(2, dim=1).values.sum() + y.t().contiguous()[1].sum()
+        strided = torch.empty_strided((4, 5), (1, 4), device="neuron").copy_(y.t())
+        top = top + strided.sum()
+        loss = (y * 0.5).sum(dim=1, keepdim=True).mean() + y.t().pow(2).sum() + h.sum() + top
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -78,6 +82,14 @@ def test_memory_of_a_served_output_goes_back_when_it_dies() -> None:
         assert fast.stats()["served"] == served + 1
         assert torch.neuron.memory_allocated() == base + 512
         assert torch.equal(c.cpu(), a.cpu() + b.cpu())
+        x = torch.randn(4, 16).to("neuron")
+        torch.native_layer_norm(x, [16], None, None, 1e-5)  # (three outputs: offered)
+        base, served = torch.neuron.memory_allocated(), fast.stats()["served"]
+        out, mean, _rstd = torch.native_layer_norm(x, [16], None, None, 1e-5)
+        assert fast.stats()["served"] == served + 1
+        assert torch.neuron.memory_allocated() == base + 3 * 512  # (512-byte blocks)
+        del out, mean
+        assert torch.neuron.memory_allocated() == base + 512
         del c
         assert torch.neuron.memory_allocated() == base
 
@@ -129,3 +141,21 @@ def test_a_served_call_reads_its_inputs_where_python_does() -> None:
             got = torch.as_strided_copy(t, (3,), (1,), 2)
             assert torch.equal(got.cpu(), want)
         assert fast.stats()["served"] >= served + 2
+
+
+def test_allocations_the_door_does_not_make_get_the_python_doors_answer() -> None:
+    """empty on another device index, in pinned memory or in channels_last, and one larger
+    than the door makes (its HBM is taken first, in Python: out of memory before the host
+    allocates) are made, or refused, by the Python door."""
+    with fresh_core() as rt:
+        for _ in range(2):
+            torch.empty(4, device="neuron")
+        with pytest.raises(RuntimeError, match="pin_memory is not available"):
+            torch.empty(4, device="neuron", pin_memory=True)
+        with pytest.raises((RuntimeError, ValueError), match="neuron:1"):
+            torch.empty(4, device="neuron:1")
+        nhwc = torch.empty(2, 3, 4, 5, device="neuron", memory_format=torch.channels_last)
+        assert nhwc.stride() == (60, 1, 15, 3)
+        rt.memory.set_memory_limit(32 << 20)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(128 << 20, dtype=torch.uint8, device="neuron")
