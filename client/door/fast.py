@@ -37,6 +37,7 @@ from trnsim.client.core.types import Args, Kwargs
 from trnsim.simulator.shape_only import NUMERICS
 
 SOURCE = Path(__file__).with_name("fast_door.cpp")
+CPU = torch.device("cpu")
 NAME = "trnsim_door"
 ENV = env.NEURON_FAST_DOOR
 
@@ -292,7 +293,7 @@ def _servable(
         or entry.takes is not None
         or entry.cpu_draw
         or entry.out_args
-        or spec.shape_from_scalars
+        or (spec.shape_from_scalars and scalars)  # (the C++ key has ints' values, not floats')
         or not (
             entry.one_fresh_output or several_fresh(entry) or writes_first(entry, args, tensors)
         )
@@ -342,10 +343,13 @@ def writes_first(entry: Entry, args: Args, tensors: list[torch.Tensor]) -> bool:
 
 
 def _same(built: object, given: object) -> bool:
-    """Whether the executable's argument is the call's: the same tensor, or an equal value of
-    the same type."""
+    """Whether the executable's argument is the call's: the same tensor, an equal value of
+    the same type, or the CPU for the device (factories build on the CPU, and so does the
+    C++ door)."""
     if isinstance(built, torch.Tensor) or isinstance(given, torch.Tensor):
         return built is given
+    if isinstance(given, torch.device) and given.type == "neuron":
+        return built == CPU and given.index in (None, 0)
     if isinstance(built, (list, tuple)) and isinstance(given, (list, tuple)):
         return len(built) == len(given) and all(
             _same(x, y) for x, y in zip(built, given, strict=True)

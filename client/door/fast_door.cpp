@@ -81,8 +81,43 @@ struct Offer {
 };
 thread_local Offer* current_offer = nullptr;
 
+constexpr int64_t kMostTensors = 64;  // tensors in one served call, lists included
+
 void put(std::string& key, int64_t v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// A tensor's part of a signature: where it is, its dtype, sizes and strides, and which
+// earlier tensor of the call it is (-1: none). False for one this door does not serve.
+struct Seen {
+  const c10::TensorImpl* impls[kMostTensors];
+  int64_t n = 0;
+};
+
+bool put_tensor(std::string& key, const at::Tensor& t, Seen& seen) {
+  if (!t.defined()) {
+    put(key, 1);
+    return true;
+  }
+  if (t.layout() != c10::kStrided || t.is_neg() || t.is_conj() || t.is_quantized() ||
+      t.is_nested() || t._is_zerotensor() || seen.n == kMostTensors) {
+    return false;
+  }
+  const auto device = t.device().type();
+  if (device != c10::DeviceType::PrivateUse1 && device != c10::DeviceType::CPU) return false;
+  put(key, device == c10::DeviceType::CPU ? 2 : 3);
+  put(key, static_cast<int64_t>(t.scalar_type()));
+  put(key, t.dim());
+  for (auto s : t.sizes()) put(key, s);
+  for (auto s : t.strides()) put(key, s);
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  int64_t same = -1;
+  for (int64_t j = 0; j < seen.n; ++j) {
+    if (seen.impls[j] == impl) same = j;
+  }
+  put(key, same);
+  seen.impls[seen.n++] = impl;
+  return true;
 }
 
 // The call's signature, or false when some argument is outside what this door serves.
@@ -91,34 +126,11 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
   const auto& schema = op.schema();
   key.reserve(256);
   put(key, reinterpret_cast<int64_t>(&schema));
-  const c10::TensorImpl* seen[16];
-  int64_t n_seen = 0;
+  Seen seen;
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = args[i];
     if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (!t.defined()) {
-        put(key, 1);
-        continue;
-      }
-      if (t.layout() != c10::kStrided || t.is_neg() || t.is_conj() || t.is_quantized() ||
-          t.is_nested() || t._is_zerotensor() || n_seen == 16) {
-        return false;
-      }
-      const auto device = t.device().type();
-      if (device != c10::DeviceType::PrivateUse1 && device != c10::DeviceType::CPU) return false;
-      put(key, device == c10::DeviceType::CPU ? 2 : 3);
-      put(key, static_cast<int64_t>(t.scalar_type()));
-      put(key, t.dim());
-      for (auto s : t.sizes()) put(key, s);
-      for (auto s : t.strides()) put(key, s);
-      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-      int64_t same = -1;
-      for (int64_t j = 0; j < n_seen; ++j) {
-        if (seen[j] == impl) same = j;
-      }
-      put(key, same);
-      seen[n_seen++] = impl;
+      if (!put_tensor(key, v.toTensor(), seen)) return false;
     } else if (v.isDouble()) {
       // (a float is a runtime value; whether it is the schema's default changes the call)
       const auto& dflt = schema.arguments()[i].default_value();
@@ -137,6 +149,26 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
       auto list = v.toIntList();
       put(key, static_cast<int64_t>(list.size()));
       for (int64_t x : list) put(key, x);
+    } else if (v.isTensorList()) {  // (cat, stack)
+      put(key, 9);
+      auto list = v.toTensorList();
+      put(key, static_cast<int64_t>(list.size()));
+      for (const at::Tensor& t : list) {
+        if (!put_tensor(key, t, seen)) return false;
+      }
+    } else if (v.isOptionalTensorList()) {  // (index's indices)
+      put(key, 10);
+      auto list = v.toOptionalTensorList();
+      put(key, static_cast<int64_t>(list.size()));
+      for (const std::optional<at::Tensor>& t : list) {
+        if (!put_tensor(key, t.has_value() ? *t : at::Tensor(), seen)) return false;
+      }
+    } else if (v.isDevice()) {  // (a factory's device: the CPU's kernel is given the CPU)
+      const c10::Device device = v.toDevice();
+      if (device.type() != c10::DeviceType::PrivateUse1 || (device.has_index() && device.index() != 0)) {
+        return false;
+      }
+      put(key, 11);
     } else {
       return false;
     }
@@ -190,16 +222,33 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
     Stack cpu;
     cpu.reserve(n);
     const c10::IValue* args = stack->data() + stack->size() - n;
-    const c10::StorageImpl* aliased[16];
+    // (the signature let at most kMostTensors tensors through)
+    const c10::StorageImpl* aliased[kMostTensors];
     int n_aliased = 0;
+    auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
+      if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+      at::Tensor alias = host_alias(t);
+      aliased[n_aliased++] = alias.storage().unsafeGetStorageImpl();
+      return alias;
+    };
     for (size_t i = 0; i < n; ++i) {
-      if (args[i].isTensor() && args[i].toTensor().defined() &&
-          args[i].toTensor().device().type() == c10::DeviceType::PrivateUse1) {
-        at::Tensor alias = host_alias(args[i].toTensor());
-        aliased[n_aliased++] = alias.storage().unsafeGetStorageImpl();
-        cpu.emplace_back(std::move(alias));
+      const c10::IValue& v = args[i];
+      if (v.isTensor()) {
+        cpu.emplace_back(alias_of(v.toTensor()));
+      } else if (v.isTensorList()) {
+        c10::List<at::Tensor> list;
+        for (const at::Tensor& t : v.toTensorList()) list.push_back(alias_of(t));
+        cpu.emplace_back(std::move(list));
+      } else if (v.isOptionalTensorList()) {
+        c10::List<std::optional<at::Tensor>> list;
+        for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+          list.push_back(t.has_value() ? std::optional<at::Tensor>(alias_of(*t)) : std::nullopt);
+        }
+        cpu.emplace_back(std::move(list));
+      } else if (v.isDevice()) {  // (device memory is host memory: factories build on the CPU)
+        cpu.emplace_back(c10::Device(c10::DeviceType::CPU));
       } else {
-        cpu.push_back(args[i]);
+        cpu.push_back(v);
       }
     }
     {

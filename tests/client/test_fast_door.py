@@ -24,7 +24,8 @@ def _program() -> list[torch.Tensor]:
     """A few training steps of a small MLP, on ops the door serves (mm, mul, add, relu and
     their backward, views, sum over dims, floats, in-place mul_ and add_, layer_norm and
     topk with several outputs, empty tensors and copies between neuron tensors: clone,
-    contiguous) and ops it does not (the optimizer's foreach updates)."""
+    contiguous; arange, cat, stack and indexing) and ops it does not (the optimizer's
+    foreach updates)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
@@ -37,7 +38,9 @@ def _program() -> list[torch.Tensor]:
         h = y.detach().clone().mul_(2).add_(y.detach())  # (in-place ops, served too)
         top = y.topk(2, dim=1).values.sum() + y.t().contiguous()[1].sum()
         strided = torch.empty_strided((4, 5), (1, 4), device="neuron").copy_(y.t())
-        top = top + strided.sum()
+        rows = torch.arange(1, 5, 2, device="neuron")  # (a factory, and lists of tensors)
+        picked = torch.cat([y[rows], torch.stack([y[0], y[4]])]).sum()
+        top = top + strided.sum() + picked
         loss = (y * 0.5).sum(dim=1, keepdim=True).mean() + y.t().pow(2).sum() + h.sum() + top
         opt.zero_grad()
         loss.backward()
