@@ -164,6 +164,7 @@ def _register_direct_kernels() -> None:
     door = fast.module()
     if door is not None:  # (the C++ door before each, as before every op the fallback takes)
         door.register_door(names, False)
+        fast.direct_kernels_registered()
     _state["direct"] = lib
     _state["direct_count"] = len(names)
 

@@ -1,15 +1,17 @@
 """The C++ door (fast_door.cpp): PyTorch's PrivateUse1 kernel of the ops the Python door
 serves, which serves warm eager calls itself and hands every other call on to Python.
 
-A warm eager call of an op that returns one new tensor (add, mul, mm, silu...), of an
-in-place op writing its first argument (add_, mul_, zero_, copy_...) or of a view op costs the Python door a dozen Python steps of about a
-microsecond each (docs/host-time.md). The C++ door keys the call by its signature without
-converting it to Python objects and, for a signature Python has offered (`offer`, from
-eager mode's hot path), runs the CPU's kernel over host aliases itself. Python keeps the
-accounting, in one short call after the kernel ran (`_served`: its counters, HBM block,
-launch and adoption; or a refusal), so simulated time, memory and counters are the Python
-door's. Anything else (recording modes, shape-only runs, collectives awaited, shapes being
-recorded, an op that fails) goes through the Python door as before.
+A warm eager call of an op that returns new tensors (add, mm, silu, layer_norm, topk,
+cat...), of an in-place op writing its first argument (add_, mul_, zero_, copy_...), of a
+view op, of `empty` or of a copy between neuron tensors costs the Python door a dozen
+Python steps of about a microsecond each (docs/host-time.md). The C++ door keys the call by
+its signature without converting it to Python objects and, for a signature Python has
+offered (`offer`, from eager mode's hot path), runs the CPU's kernel over host aliases
+itself. Python keeps the accounting, in one short call (`_served`, `_served_many`, `_made`;
+an in-place op's `_may_write` before its kernel runs and `_wrote` after), so simulated
+time, memory and counters are the Python door's. Anything else (recording modes,
+shape-only runs, collectives awaited, shapes being recorded, an op that fails) goes
+through the Python door as before.
 
 The door is built from its source on first use (torch.utils.cpp_extension: g++ and ninja,
 about a minute, once per machine and source) into ~/.cache/trnsim/door/<source hash>, and
@@ -29,9 +31,11 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 import torch
 from trnsim.client.core import env, runtime, shapes
+from trnsim.client.core.errors import execution_error
 from trnsim.client.core.ops import FRESH, WRITE, Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs
 from trnsim.simulator.shape_only import NUMERICS
@@ -165,7 +169,7 @@ def _made(host: torch.Tensor, out: torch.Tensor, nbytes: int) -> bool:
     it): False if the Python door must make it now, else accounted as the Python door's
     `empty` accounts it (counted, and an HBM block of `nbytes` its storage adopts)."""
     rt = runtime._runtime
-    if rt is None or not _eager(rt):
+    if rt is None or not _direct_kernels[0] or not _eager(rt):
         return False
     rt.counts["ops_dispatched"] += 1
     memory = rt.memory
@@ -173,15 +177,42 @@ def _made(host: torch.Tensor, out: torch.Tensor, nbytes: int) -> bool:
     return True
 
 
-def _wrote(token: tuple[runtime.Runtime, Entry]) -> bool:
-    """A warm call of an in-place op, computed in C++ into its first argument's memory:
-    False if the Python door must take the call now (it runs it again: the same values
-    written again), else accounted as eager mode accounts it (its counters and launch)."""
+_direct_kernels = [False]  # whether client/api/backend.py has registered its direct kernels
+
+
+def direct_kernels_registered() -> None:
+    """The Python door's direct kernels are registered (on its first op, which must be
+    Python's: an `empty` the C++ door made before would leave mm to its composite)."""
+    _direct_kernels[0] = True
+
+
+def _may_write(token: tuple[runtime.Runtime, Entry]) -> bool:
+    """A warm call of an in-place op, about to be computed in C++ into its first argument's
+    memory: False if the Python door must take the call (nothing is written yet), else
+    counted as eager mode counts it."""
+    return _counted(token[0])
+
+
+def _wrote(token: tuple[runtime.Runtime, Entry]) -> None:
+    """The in-place op _may_write let through has written its first argument: its launch."""
     rt, entry = token
-    if not _counted(rt):
-        return False
     rt.launch(entry.loaded)  # type: ignore[arg-type]
-    return True
+
+
+_ERRORS: dict[str, type[Exception]] = {
+    "IndexError": IndexError,
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+    "NotImplementedError": NotImplementedError,
+    "OutOfMemoryError": torch.OutOfMemoryError,
+}
+
+
+def _failed(token: tuple[runtime.Runtime, Entry], kind: str, message: str) -> NoReturn:
+    """The kernel of an in-place op _may_write let through failed (it may have written part
+    of its argument): the error the Python door raises, which runs no op twice."""
+    step = token[1].loaded.steps[0]  # type: ignore[union-attr]
+    raise execution_error(step.name, _ERRORS.get(kind, RuntimeError)(message))
 
 
 def _counted(rt: runtime.Runtime) -> bool:
@@ -218,7 +249,7 @@ def _view() -> bool:
 
 
 def install(door: ModuleType) -> None:
-    door.install(_served, _served_many, _wrote, _view, _made)
+    door.install(_served, _served_many, _may_write, _wrote, _failed, _view, _made)
     door.install_guard()
     door.set_on(True)
     _on[0] = True
@@ -251,9 +282,9 @@ def offer(
     tensors: list[torch.Tensor],
     scalars: list[float],
 ) -> None:
-    """Eager mode ran this call of the entry (one new tensor out, or its first argument
-    written in place): may the C++ door serve its signature from now on? Decided once per
-    entry (entry.fast)."""
+    """Eager mode ran this call of the entry (new tensors out, or its first argument written
+    in place): may the C++ door serve its signature from now on? Decided once per entry
+    (entry.fast)."""
     door = _module
     if door is None or not NUMERICS.on:
         return
@@ -299,6 +330,8 @@ def _servable(
         )
     ):
         return False
+    if _written_arguments(spec) != ([] if entry.one_fresh_output or several_fresh(entry) else [0]):
+        return False  # (batch_norm's running statistics: a write the door would not see)
     step = loaded.steps[0]
     if (
         step.name != spec.name
@@ -317,6 +350,14 @@ def _servable(
         and keywords.keys() == kwargs.keys()
         and all(_same(keywords[k], kwargs[k]) for k in kwargs)
     )
+
+
+def _written_arguments(spec: OpSpec) -> list[int]:
+    """Which of the op's arguments its schema says it writes."""
+    arguments = spec.op._schema.arguments
+    return [
+        i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
+    ]
 
 
 def several_fresh(entry: Entry) -> bool:

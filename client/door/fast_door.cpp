@@ -4,15 +4,16 @@
 // registered under PrivateUse2, a key no tensor carries; this door is registered under
 // PrivateUse1 for the same ops and hands each call on to them (a redispatch), except a warm
 // eager call it has been shown once: an op returning new tensors (one, or several as
-// layer_norm), an op writing its first argument, or a view op. Such a call is served here from a table keyed by its signature
-// (the op, each tensor's sizes, strides, dtype and device, which arguments are the same
-// tensor, and every other argument's value), without converting it to Python objects: the
-// CPU's kernel runs over host aliases of the inputs' memory, and the result becomes a neuron
-// tensor over its memory. Python keeps every piece of accounting (the counters, the HBM
-// block, the launch on the simulated timeline, the adoption that frees the block) in one
-// short call after the kernel ran, which may still refuse the call (a recording wants it),
-// so simulated time and memory are what the Python door gives. Python decides which
-// signatures may be served here (client/door/fast.py: offer).
+// layer_norm), an op writing its first argument, or a view op; and `empty` and copies
+// between neuron tensors, by rules of their own. Such a call is served here from a table
+// keyed by its signature (the op, each tensor's sizes, strides, dtype and device, in lists
+// too, which arguments are the same tensor, and every other argument's value), without
+// converting it to Python objects: the CPU's kernel runs over host aliases of the inputs'
+// memory, and each result becomes a neuron tensor over its memory. Python keeps every piece
+// of accounting (the counters, the HBM blocks, the launch on the simulated timeline, the
+// adoption that frees a block) in one short call, which may still refuse the call (a
+// recording wants it), so simulated time and memory are what the Python door gives. Python
+// decides which signatures may be served here (client/door/fast.py: offer).
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -52,7 +53,8 @@ struct Fast {
 struct State {
   std::unordered_map<std::string, Fast> table;
   std::unordered_set<const c10::FunctionSchema*> views;  // ops served as views
-  py::object served_cb, served_many_cb, wrote_cb, view, made_cb;  // Python's (fast.py)
+  // Python's callbacks (fast.py)
+  py::object served_cb, served_many_cb, may_write_cb, wrote_cb, failed_cb, view, made_cb;
   // The allocations (empty, empty_strided) and the copy between two neuron tensors
   // (_copy_from, which Python runs as copy_), served here with their own rules.
   const c10::FunctionSchema* empty = nullptr;
@@ -165,10 +167,12 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
       }
     } else if (v.isDevice()) {  // (a factory's device: the CPU's kernel is given the CPU)
       const c10::Device device = v.toDevice();
-      if (device.type() != c10::DeviceType::PrivateUse1 || (device.has_index() && device.index() != 0)) {
+      if (device.type() != c10::DeviceType::PrivateUse1 ||
+          (device.has_index() && device.index() != 0)) {
         return false;
       }
       put(key, 11);
+      put(key, device.has_index() ? device.index() : -1);  // ('neuron' and 'neuron:0' differ)
     } else {
       return false;
     }
@@ -176,19 +180,48 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
   return true;
 }
 
-// A CPU tensor over a neuron tensor's memory (trnsim's device memory is host memory): the
-// same storage base and offset (an op taking a storage_offset reads what Python's alias
-// reads), holding the storage alive while the kernel runs without the GIL.
-at::Tensor host_alias(const at::Tensor& t) {
-  const c10::Storage& storage = t.storage();
+// A CPU storage over a neuron storage's memory (trnsim's device memory is host memory),
+// holding the neuron storage alive while the kernel runs without the GIL.
+c10::Storage host_storage(const c10::Storage& storage) {
   auto* keep = new c10::Storage(storage);
-  return at::for_blob(storage.mutable_data(), t.sizes())
-      .strides(t.strides())
-      .storage_offset(t.storage_offset())
-      .deleter([keep](void*) { delete keep; })
-      .options(t.options().device(at::kCPU))
-      .make_tensor();
+  c10::DataPtr data(storage.mutable_data(), keep,
+                    [](void* ctx) { delete static_cast<c10::Storage*>(ctx); },
+                    c10::Device(c10::DeviceType::CPU));
+  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
+                      nullptr, false);
 }
+
+// The CPU tensors of one call over its neuron tensors' memory: the same storage offset,
+// sizes and strides (an op taking a storage_offset reads what Python's alias reads), and
+// one CPU storage per neuron storage, so the CPU's kernel sees which arguments overlap
+// (x[1:].copy_(x[:-1]) is refused as PyTorch refuses it).
+struct HostAliases {
+  std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> storages;
+
+  at::Tensor of(const at::Tensor& t) {
+    const c10::StorageImpl* device = t.storage().unsafeGetStorageImpl();
+    const c10::Storage* host = nullptr;
+    for (const auto& [impl, cpu] : storages) {
+      if (impl == device) host = &cpu;
+    }
+    if (host == nullptr) {
+      storages.emplace_back(device, host_storage(t.storage()));
+      host = &storages.back().second;
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(*host), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    return at::Tensor(std::move(impl));
+  }
+
+  bool over(const at::Tensor& t) const {  // (an output over an input's memory)
+    const c10::StorageImpl* memory = t.storage().unsafeGetStorageImpl();
+    for (const auto& entry : storages) {
+      if (entry.second.unsafeGetStorageImpl() == memory) return true;
+    }
+    return false;
+  }
+};
 
 // A neuron tensor over a CPU tensor's memory, holding its storage alive.
 at::Tensor to_device(const at::Tensor& cpu) {
@@ -214,22 +247,48 @@ at::Tensor conformed(at::Tensor result, const Layout& declared) {
   return result;
 }
 
+// What a served kernel raised, as Python would see it: its exception type's name and its
+// message (fast._failed raises it as the Python door would).
+std::pair<const char*, std::string> python_error(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+  const char* kind = "RuntimeError";
+  if (dynamic_cast<const c10::IndexError*>(&e)) {
+    kind = "IndexError";
+  } else if (dynamic_cast<const c10::ValueError*>(&e)) {
+    kind = "ValueError";
+  } else if (dynamic_cast<const c10::TypeError*>(&e)) {
+    kind = "TypeError";
+  } else if (dynamic_cast<const c10::NotImplementedError*>(&e)) {
+    kind = "NotImplementedError";
+  } else if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) {
+    kind = "OutOfMemoryError";
+  }
+  return {kind, std::move(message)};
+}
+
 // A warm call of an op returning new tensors, or writing its first argument (the GIL held;
-// released while it runs).
+// released while the kernel runs). An op returning new tensors runs first and is accounted
+// after (Python may still refuse it: its door then runs it again, which only repeats the
+// work). An op writing its first argument is accounted first (fast._may_write: a write
+// cannot be taken back once made), its launch after; if its kernel fails, Python raises
+// the error its door would (fast._failed), since running it again would write twice.
 bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* stack, size_t n) {
-  std::vector<at::Tensor> results;
+  const c10::IValue* args = stack->data() + stack->size() - n;
+  if (fast.writes) {
+    if (n == 0 || !args[0].isTensor() || !args[0].toTensor().defined() ||
+        args[0].toTensor().device().type() != kNeuron.type()) {
+      return false;
+    }
+    if (!s.may_write_cb(fast.token).cast<bool>()) return false;
+  }
+  HostAliases aliases;
+  Stack cpu;
   try {
-    Stack cpu;
     cpu.reserve(n);
-    const c10::IValue* args = stack->data() + stack->size() - n;
-    // (the signature let at most kMostTensors tensors through)
-    const c10::StorageImpl* aliased[kMostTensors];
-    int n_aliased = 0;
     auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
-      at::Tensor alias = host_alias(t);
-      aliased[n_aliased++] = alias.storage().unsafeGetStorageImpl();
-      return alias;
+      return aliases.of(t);
     };
     for (size_t i = 0; i < n; ++i) {
       const c10::IValue& v = args[i];
@@ -255,37 +314,45 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
       py::gil_scoped_release nogil;  // (as PyTorch's kernels run)
       op.callBoxed(&cpu);
     }
-    if (fast.writes) {  // (it returns its first argument, written: the neuron tensor)
-      if (cpu.size() != 1 || !cpu[0].isTensor() || !args[0].isTensor() ||
-          args[0].toTensor().device().type() != kNeuron.type() || n_aliased == 0 ||
-          cpu[0].toTensor().storage().unsafeGetStorageImpl() != aliased[0]) {
-        return false;
-      }
-      if (!s.wrote_cb(fast.token).cast<bool>()) return false;
-      at::Tensor self = args[0].toTensor();
-      torch::jit::drop(*stack, n);
-      stack->emplace_back(std::move(self));
-      return true;
+    if (fast.writes && (cpu.size() != 1 || !cpu[0].isTensor() ||
+                        cpu[0].toTensor().storage().unsafeGetStorageImpl() !=
+                            aliases.storages.front().second.unsafeGetStorageImpl())) {
+      throw std::runtime_error("an in-place op returned another tensor than its first argument");
     }
+  } catch (const std::exception& e) {
+    if (!fast.writes) return false;  // (Python's door runs it again, and raises its error)
+    auto [kind, message] = python_error(e);
+    s.failed_cb(fast.token, kind, message);  // (raises: py::error_already_set)
+    throw;
+  }
+  if (fast.writes) {  // (it returns its first argument, written: the neuron tensor)
+    s.wrote_cb(fast.token);
+    at::Tensor self = args[0].toTensor();
+    torch::jit::drop(*stack, n);
+    stack->emplace_back(std::move(self));
+    return true;
+  }
+  std::vector<at::Tensor> results;
+  try {
     if (cpu.size() != fast.outputs.size()) return false;
     results.reserve(cpu.size());
     for (size_t k = 0; k < cpu.size(); ++k) {
       if (!cpu[k].isTensor() || !cpu[k].toTensor().defined()) return false;
       const at::Tensor& result = cpu[k].toTensor();
-      const c10::StorageImpl* memory = result.storage().unsafeGetStorageImpl();
       // (an output over an input's memory, or over another output's, is no new tensor)
-      for (int i = 0; i < n_aliased; ++i) {
-        if (memory == aliased[i]) return false;
-      }
+      if (aliases.over(result)) return false;
       for (const auto& other : results) {
-        if (memory == other.storage().unsafeGetStorageImpl()) return false;
+        if (result.storage().unsafeGetStorageImpl() == other.storage().unsafeGetStorageImpl()) {
+          return false;
+        }
       }
       results.push_back(conformed(result, fast.outputs[k]));
     }
   } catch (const std::exception&) {
-    return false;  // (Python's door runs it again, and raises its own error if it fails too)
+    return false;
   }
-  // Python's accounting: False if its door must take the call now (a recording, say)
+  // Python's accounting: False if its door must take the call now (a recording, say); its
+  // errors (out of memory) are the call's
   std::vector<at::Tensor> outs;
   outs.reserve(results.size());
   for (const auto& result : results) outs.push_back(to_device(result));
@@ -327,7 +394,8 @@ bool serve_empty(State& s, Stack* stack, bool strided) {
   if (!opts[2].isNone()) {
     if (!opts[2].isDevice()) return false;
     const c10::Device device = opts[2].toDevice();
-    if (device.type() != c10::DeviceType::PrivateUse1 || (device.has_index() && device.index() != 0)) {
+    if (device.type() != c10::DeviceType::PrivateUse1 ||
+        (device.has_index() && device.index() != 0)) {
       return false;
     }
   }
@@ -353,21 +421,32 @@ bool serve_empty(State& s, Stack* stack, bool strided) {
     if (sizes[d] < 0 || strides[d] < 0) return false;
     if (sizes[d] == 0) span = 0;
   }
+  int64_t nbytes = 0;
   if (span) {
-    for (size_t d = 0; d < sizes.size(); ++d) span += (sizes[d] - 1) * strides[d];
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      int64_t reach = 0;
+      if (__builtin_mul_overflow(sizes[d] - 1, strides[d], &reach) ||
+          __builtin_add_overflow(span, reach, &span)) {
+        return false;  // (Python's door says what is wrong with it)
+      }
+    }
+    if (__builtin_mul_overflow(span, static_cast<int64_t>(c10::elementSize(dtype)), &nbytes)) {
+      return false;
+    }
   }
-  const int64_t nbytes = span * static_cast<int64_t>(c10::elementSize(dtype));
   if (nbytes > kLargestServedEmpty) return false;
+  at::Tensor host, out;
   try {
-    at::Tensor host = at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype));
-    at::Tensor out = to_device(host);
-    if (!s.made_cb(wrap(host), wrap(out), nbytes).cast<bool>()) return false;
-    torch::jit::drop(*stack, 6);
-    stack->emplace_back(std::move(out));
-    return true;
+    host = at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype));
+    out = to_device(host);
   } catch (const std::exception&) {
-    return false;  // (Python's door makes it again, and raises its own error: out of memory)
+    return false;  // (Python's door makes it, and raises its own error)
   }
+  // Python's accounting (its errors, out of memory, are the call's)
+  if (!s.made_cb(wrap(host), wrap(out), nbytes).cast<bool>()) return false;
+  torch::jit::drop(*stack, 6);
+  stack->emplace_back(std::move(out));
+  return true;
 }
 
 // The boxed kernel registered under PrivateUse1.
@@ -487,11 +566,13 @@ struct Guard final : public c10::impl::DeviceGuardImplInterface {
 }  // namespace
 
 // -- what Python calls (client/door/fast.py) ------------------------------------------------
-void install(py::object served, py::object served_many, py::object wrote, py::object view,
-             py::object made) {
+void install(py::object served, py::object served_many, py::object may_write, py::object wrote,
+             py::object failed, py::object view, py::object made) {
   State& s = state();
   s.served_cb = std::move(served);
   s.served_many_cb = std::move(served_many);
+  s.may_write_cb = std::move(may_write);
+  s.failed_cb = std::move(failed);
   s.made_cb = std::move(made);
   auto& dispatcher = c10::Dispatcher::singleton();
   s.empty = &dispatcher.findSchemaOrThrow("aten::empty", "memory_format").schema();
@@ -509,7 +590,9 @@ void register_door(const std::vector<std::string>& names, bool fallback) {
   if (fallback) {
     lib->fallback(torch::CppFunction::makeFromBoxedFunction<&door>());
   } else {
-    for (const auto& name : names) lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&door>());
+    for (const auto& name : names) {
+      lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&door>());
+    }
   }
   state().libraries.push_back(std::move(lib));
 }

@@ -8,9 +8,11 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
+from trnsim.client.core import runtime
 from trnsim.client.door import fast
 
 from tests.client.differential import fresh_core
@@ -50,29 +52,95 @@ def _program() -> list[torch.Tensor]:
     return out
 
 
-def _run(served: bool) -> tuple[list[torch.Tensor], dict[str, int], dict[str, int]]:
+def _run(
+    program: Callable[[], list[torch.Tensor]], served: bool
+) -> tuple[list[torch.Tensor], dict[str, object], dict[str, int]]:
     before = fast.stats()
     with fresh_core() as rt, contextlib.nullcontext() if served else fast.python_door_only():
-        values = _program()
+        values = program()
         rt.flush("sync")
-        metrics = dict(torch.neuron.metrics())
+        metrics: dict[str, object] = dict(torch.neuron.metrics())
         metrics["memory_allocated"] = torch.neuron.memory_allocated()
+        metrics.update(rt.memory.memory_stats())  # (the allocator's: OOMs, flushes...)
     after = fast.stats()
     return values, metrics, {k: after[k] - before[k] for k in after}
 
 
-def test_calls_served_in_cpp_equal_the_python_doors_bit_for_bit() -> None:
-    python_values, python_metrics, python_door = _run(served=False)
-    values, metrics, door = _run(served=True)
+def _same_as_the_python_door(program: Callable[[], list[torch.Tensor]]) -> dict[str, int]:
+    """The program through the C++ door and through the Python door alone: the same values
+    bit for bit, and every counter, simulated clock, launch, HBM figure and allocator
+    statistic equal. The C++ door's counts of served and handed-on calls."""
+    python_values, python_metrics, python_door = _run(program, served=False)
+    values, metrics, door = _run(program, served=True)
     assert python_door["served"] == 0
-    assert door["served"] > 50  # (most of the warm calls)
     for got, want in zip(values, python_values, strict=True):
         assert torch.equal(got, want)
-    # counters, simulated clocks, launches, HBM traffic and memory: the same
     changed = {
         k: (metrics[k], python_metrics[k]) for k in metrics if metrics[k] != python_metrics[k]
     }
     assert not changed
+    return door
+
+
+def test_calls_served_in_cpp_equal_the_python_doors_bit_for_bit() -> None:
+    door = _same_as_the_python_door(_program)
+    assert door["served"] > 50  # (most of the warm calls)
+
+
+def _errors(*calls: Callable[[], object]) -> list[torch.Tensor]:
+    """Each call's error, as its type and message in a tensor of bytes (compared above)."""
+    out = []
+    for call in calls:
+        try:
+            call()
+            said = "no error"
+        except Exception as e:  # noqa: BLE001
+            said = f"{type(e).__name__}: {str(e).split(' (issued at')[0]}"
+        out.append(torch.tensor(list(said.encode())))
+    return out
+
+
+def _edges() -> list[torch.Tensor]:
+    """Calls at the door's edges: 'neuron' and 'neuron:0' (two signatures in Python), an
+    in-place op refused while collectives are awaited (nothing written twice), an in-place
+    op failing halfway (index_put_ out of range: written once, the Python door's error),
+    arguments that overlap (PyTorch's error), batch norm's running statistics (written
+    arguments: not served), and running out of HBM in a served empty (counted once)."""
+    torch.manual_seed(0)
+    rt = runtime.get()
+    out = []
+    for device in ("neuron:0", "neuron:0", "neuron", "neuron"):
+        out.append(torch.arange(7, device=device).cpu())
+    x, y = torch.ones(4).to("neuron"), torch.ones(4).to("neuron")
+    for _ in range(2):
+        x.add_(y)
+    rt.awaiting[1] = 10**18
+    x.add_(y)
+    rt.awaiting.clear()
+    z, v = torch.zeros(4).to("neuron"), torch.ones(2).to("neuron")
+    good, bad = torch.tensor([0, 1]).to("neuron"), torch.tensor([0, 7]).to("neuron")
+    for _ in range(2):
+        z.index_put_((good,), v, accumulate=True)
+    w = torch.arange(6.0).to("neuron")
+    for _ in range(2):
+        w[1:].copy_(x[:3].repeat(2)[:5])
+    out += _errors(lambda: z.index_put_((bad,), v, accumulate=True), lambda: w[1:].copy_(w[:-1]))
+    out += [x.cpu(), z.cpu(), w.cpu()]
+    bn = torch.nn.BatchNorm1d(4).to("neuron")
+    for _ in range(3):
+        out.append(bn(torch.randn(8, 4).to("neuron")).detach().cpu())
+    out += [bn.running_mean.cpu(), bn.running_var.cpu()]
+    for _ in range(2):
+        torch.empty(4, device="neuron")
+    rt.memory.set_memory_limit(rt.memory.reserved_bytes() + (4 << 20))
+    kept = []
+    out += _errors(lambda: [kept.append(torch.empty(1 << 18, device="neuron")) for _ in range(64)])
+    rt.memory.set_memory_limit(rt.memory.memory_capacity())
+    return out
+
+
+def test_calls_at_the_doors_edges_equal_the_python_doors() -> None:
+    _same_as_the_python_door(_edges)
 
 
 def test_memory_of_a_served_output_goes_back_when_it_dies() -> None:
@@ -110,6 +178,34 @@ def test_adaptive_mode_takes_every_call_through_the_python_door() -> None:
         assert torch.equal(r.cpu(), torch.relu(a.cpu() * 2))
         assert fast.stats()["served"] == served
         assert torch.neuron.metrics()["ops_recorded"] > recorded
+
+
+def test_a_fresh_process_whose_first_op_is_an_empty_counts_as_the_python_door() -> None:
+    """The first neuron op of a process goes to Python (which registers its direct kernels:
+    mm's own, not its composite's), even when a runtime exists already and the C++ door
+    could make that empty."""
+    code = (
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "w = torch.empty(4, 4, device='neuron')\n"
+        "w = w @ w\n"
+        "m = torch.neuron.metrics()\n"
+        "print(m['ops_dispatched'], m['hbm_bytes'])\n"
+    )
+    said = []
+    for door in ("on", "off"):
+        env = dict(os.environ, NEURON_FAST_DOOR=door, NEURON_COMPILE_DAEMON="off")
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        said.append(done.stdout.strip())
+    assert said[0] == said[1]
 
 
 def test_without_the_cpp_door_every_op_takes_the_python_door() -> None:
