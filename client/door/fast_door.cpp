@@ -196,28 +196,28 @@ c10::Storage host_storage(const c10::Storage& storage) {
 // one CPU storage per neuron storage, so the CPU's kernel sees which arguments overlap
 // (x[1:].copy_(x[:-1]) is refused as PyTorch refuses it).
 struct HostAliases {
-  std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> storages;
+  const c10::StorageImpl* devices[kMostTensors];
+  c10::Storage hosts[kMostTensors];
+  int n = 0;
 
   at::Tensor of(const at::Tensor& t) {
     const c10::StorageImpl* device = t.storage().unsafeGetStorageImpl();
-    const c10::Storage* host = nullptr;
-    for (const auto& [impl, cpu] : storages) {
-      if (impl == device) host = &cpu;
-    }
-    if (host == nullptr) {
-      storages.emplace_back(device, host_storage(t.storage()));
-      host = &storages.back().second;
+    int k = 0;
+    while (k < n && devices[k] != device) ++k;
+    if (k == n) {  // (the signature let at most kMostTensors tensors through)
+      devices[n] = device;
+      hosts[n++] = host_storage(t.storage());
     }
     auto impl = c10::make_intrusive<c10::TensorImpl>(
-        c10::Storage(*host), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+        c10::Storage(hosts[k]), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
     impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
     return at::Tensor(std::move(impl));
   }
 
   bool over(const at::Tensor& t) const {  // (an output over an input's memory)
     const c10::StorageImpl* memory = t.storage().unsafeGetStorageImpl();
-    for (const auto& entry : storages) {
-      if (entry.second.unsafeGetStorageImpl() == memory) return true;
+    for (int k = 0; k < n; ++k) {
+      if (hosts[k].unsafeGetStorageImpl() == memory) return true;
     }
     return false;
   }
@@ -316,7 +316,7 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
     }
     if (fast.writes && (cpu.size() != 1 || !cpu[0].isTensor() ||
                         cpu[0].toTensor().storage().unsafeGetStorageImpl() !=
-                            aliases.storages.front().second.unsafeGetStorageImpl())) {
+                            aliases.hosts[0].unsafeGetStorageImpl())) {
       throw std::runtime_error("an in-place op returned another tensor than its first argument");
     }
   } catch (const std::exception& e) {
@@ -332,7 +332,7 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
     stack->emplace_back(std::move(self));
     return true;
   }
-  std::vector<at::Tensor> results;
+  c10::SmallVector<at::Tensor, 4> results;
   try {
     if (cpu.size() != fast.outputs.size()) return false;
     results.reserve(cpu.size());
@@ -353,7 +353,7 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
   }
   // Python's accounting: False if its door must take the call now (a recording, say); its
   // errors (out of memory) are the call's
-  std::vector<at::Tensor> outs;
+  c10::SmallVector<at::Tensor, 4> outs;
   outs.reserve(results.size());
   for (const auto& result : results) outs.push_back(to_device(result));
   if (outs.size() == 1) {
