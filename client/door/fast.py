@@ -36,7 +36,7 @@ from typing import NoReturn
 import torch
 from trnsim.client.core import env, runtime, shapes
 from trnsim.client.core.errors import execution_error
-from trnsim.client.core.ops import FRESH, WRITE, Entry, OpSpec
+from trnsim.client.core.ops import FRESH, NONE, WRITE, Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs
 from trnsim.simulator.shape_only import NUMERICS
 
@@ -152,15 +152,17 @@ def _served_many(
     outs: tuple[torch.Tensor, ...],
 ) -> bool:
     """_served() of an op returning several new tensors (layer_norm's output, mean and
-    rstd): a block each, allocated in order as eager mode allocates them, one launch."""
+    rstd), and perhaps Nones (an output_mask's False): a block for each tensor, allocated in
+    order as eager mode allocates them, one launch."""
     rt, entry = token
     if not _counted(rt):
         return False
     memory = rt.memory
-    blocks = [memory.allocate(r.nbytes) for r in entry.returns]
+    made = [k for k, r in enumerate(entry.returns) if r.kind is FRESH]  # (not the NONEs)
+    blocks = [memory.allocate(entry.returns[k].nbytes) for k in made]
     rt.launch(entry.loaded)  # type: ignore[arg-type]
-    for out, block, host in zip(outs, blocks, hosts, strict=True):
-        memory.adopt(out, block, host)
+    for k, block in zip(made, blocks, strict=True):
+        memory.adopt(outs[k], block, hosts[k])
     return True
 
 
@@ -295,9 +297,10 @@ def offer(
         fast = entry.fast = _servable(spec, entry, args, kwargs, tensors, scalars)
     if fast:
         if entry.one_fresh_output or several_fresh(entry):
+            declared = entry.loaded.steps[0].declared  # type: ignore[union-attr]
             outputs = [
-                (list(d[0]), list(d[1])) if d is not None else ([], [])
-                for d in entry.loaded.steps[0].declared  # type: ignore[union-attr]
+                (list(d[0]) if d else [], list(d[1]) if d else [], r.kind is NONE)
+                for d, r in zip(declared, entry.outputs, strict=True)
             ]
             door.offer(spec.name, (rt, entry), outputs, False)
         else:  # (it writes its first argument)
@@ -361,10 +364,16 @@ def _written_arguments(spec: OpSpec) -> list[int]:
 
 
 def several_fresh(entry: Entry) -> bool:
-    """The entry's op returns several new tensors of known sizes, and nothing else
-    (layer_norm, native_dropout, nll_loss_forward, topk...)."""
+    """The entry's op returns several new tensors of known sizes, or Nones where it makes
+    none (layer_norm's backward with an output_mask), and nothing else (layer_norm, topk,
+    nll_loss_forward...)."""
     returns = entry.returns
-    return len(returns) > 1 and not entry.dynamic and all(r.kind is FRESH for r in returns)
+    return (
+        len(returns) > 1
+        and not entry.dynamic
+        and all(r.kind is FRESH or r.kind is NONE for r in returns)
+        and any(r.kind is FRESH for r in returns)
+    )
 
 
 def writes_first(entry: Entry, args: Args, tensors: list[torch.Tensor]) -> bool:

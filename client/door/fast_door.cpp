@@ -40,6 +40,7 @@ const c10::Device kNeuron(c10::DeviceType::PrivateUse1, 0);
 // An output's declared layout (the Meta kernel's), which the CPU's result is conformed to.
 struct Layout {
   std::vector<int64_t> sizes, strides;
+  bool none = false;  // an optional output the op does not make (an output_mask's False)
 };
 
 // A signature Python offered: its token (what the callbacks account) and the layout of each
@@ -165,6 +166,16 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
       for (const std::optional<at::Tensor>& t : list) {
         if (!put_tensor(key, t.has_value() ? *t : at::Tensor(), seen)) return false;
       }
+    } else if (v.isBoolList()) {  // (an output_mask)
+      put(key, 13);
+      auto list = v.toBoolList();
+      put(key, static_cast<int64_t>(list.size()));
+      for (bool x : list) put(key, x ? 1 : 0);
+    } else if (v.isString()) {  // (gelu's approximate, div's rounding_mode)
+      const std::string& text = v.toStringRef();
+      put(key, 12);
+      put(key, static_cast<int64_t>(text.size()));
+      key.append(text);
     } else if (v.isDevice()) {  // (a factory's device: the CPU's kernel is given the CPU)
       const c10::Device device = v.toDevice();
       if (device.type() != c10::DeviceType::PrivateUse1 ||
@@ -337,12 +348,19 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
     if (cpu.size() != fast.outputs.size()) return false;
     results.reserve(cpu.size());
     for (size_t k = 0; k < cpu.size(); ++k) {
-      if (!cpu[k].isTensor() || !cpu[k].toTensor().defined()) return false;
+      const bool made = cpu[k].isTensor() && cpu[k].toTensor().defined();
+      if (fast.outputs[k].none) {  // (an output it does not make: none, as in Python)
+        if (made || !(cpu[k].isNone() || cpu[k].isTensor())) return false;
+        results.emplace_back();
+        continue;
+      }
+      if (!made) return false;
       const at::Tensor& result = cpu[k].toTensor();
       // (an output over an input's memory, or over another output's, is no new tensor)
       if (aliases.over(result)) return false;
       for (const auto& other : results) {
-        if (result.storage().unsafeGetStorageImpl() == other.storage().unsafeGetStorageImpl()) {
+        if (other.defined() &&
+            result.storage().unsafeGetStorageImpl() == other.storage().unsafeGetStorageImpl()) {
           return false;
         }
       }
@@ -355,7 +373,9 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
   // errors (out of memory) are the call's
   c10::SmallVector<at::Tensor, 4> outs;
   outs.reserve(results.size());
-  for (const auto& result : results) outs.push_back(to_device(result));
+  for (const auto& result : results) {
+    outs.push_back(result.defined() ? to_device(result) : at::Tensor());
+  }
   if (outs.size() == 1) {
     if (!s.served_cb(fast.token, wrap(results[0]), wrap(outs[0])).cast<bool>()) return false;
   } else {
@@ -616,15 +636,18 @@ bool offered_for(const Offer* o, const std::string& name) {
   return name == op.name + "." + (op.overload_name.empty() ? "default" : op.overload_name);
 }
 
-void offer(const std::string& name, py::object token,
-           const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>& outputs,
-           bool writes) {
+void offer(
+    const std::string& name, py::object token,
+    const std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, bool>>& outputs,
+    bool writes) {
   Offer* o = current_offer;
   if (!offered_for(o, name) || (outputs.empty() != writes)) return;
   o->writes = writes;
   o->token = std::move(token);
   o->outputs.clear();
-  for (const auto& [sizes, strides] : outputs) o->outputs.push_back(Layout{sizes, strides});
+  for (const auto& [sizes, strides, none] : outputs) {
+    o->outputs.push_back(Layout{sizes, strides, none});
+  }
   o->made = true;
 }
 

@@ -105,7 +105,8 @@ def _edges() -> list[torch.Tensor]:
     in-place op refused while collectives are awaited (nothing written twice), an in-place
     op failing halfway (index_put_ out of range: written once, the Python door's error),
     arguments that overlap (PyTorch's error), batch norm's running statistics (written
-    arguments: not served), and running out of HBM in a served empty (counted once)."""
+    arguments: not served), layer_norm's backward with output masks (None outputs), gelu's
+    approximate (a string), and running out of HBM in a served empty (counted once)."""
     torch.manual_seed(0)
     rt = runtime.get()
     out = []
@@ -130,6 +131,13 @@ def _edges() -> list[torch.Tensor]:
     for _ in range(3):
         out.append(bn(torch.randn(8, 4).to("neuron")).detach().cpu())
     out += [bn.running_mean.cpu(), bn.running_var.cpu()]
+    g, h = torch.randn(4, 16).to("neuron"), torch.randn(4, 16).to("neuron")
+    _, mean, rstd = torch.native_layer_norm(h, [16], None, None, 1e-5)
+    for mask in ([True, False, False], [False, True, True], [True, True, True]) * 2:
+        grads = torch.ops.aten.native_layer_norm_backward(g, h, [16], mean, rstd, h[0], h[1], mask)
+        out += [t.cpu() if t is not None else torch.tensor([]) for t in grads]  # (Nones)
+    for approximate in ("tanh", "none", "tanh"):  # (a string argument)
+        out.append(torch.nn.functional.gelu(h, approximate=approximate).cpu())
     for _ in range(2):
         torch.empty(4, device="neuron")
     rt.memory.set_memory_limit(rt.memory.reserved_bytes() + (4 << 20))
