@@ -298,6 +298,8 @@ def offer(
     if fast:
         if entry.one_fresh_output or several_fresh(entry):
             declared = entry.loaded.steps[0].declared  # type: ignore[union-attr]
+            if len(declared) != len(entry.outputs):
+                return  # (not an op the door knows how to make: Python's, every time)
             outputs = [
                 (list(d[0]) if d else [], list(d[1]) if d else [], r.kind is NONE)
                 for d, r in zip(declared, entry.outputs, strict=True)
