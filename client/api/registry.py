@@ -111,8 +111,8 @@ def _tensor(
     meta: dict[str, Any], device: str, bound: int, g: torch.Generator, guarded: bool = False
 ) -> torch.Tensor:
     """A tensor of the recorded geometry. `guarded`: its memory sits between two guard
-    regions of NaN (floats; integers hold 0, a safe index), so an op
-    that reads outside its inputs answers differently (see run_signature)."""
+    regions of NaN (floats; integers hold 0, a safe index), so an op that reads outside its
+    inputs answers differently (see run_signature)."""
     dtype = getattr(torch, meta["dtype"])
     shape, stride, offset = meta["tensor"], meta["stride"], meta["offset"]
     span = offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
