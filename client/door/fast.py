@@ -330,13 +330,12 @@ def _servable(
         or entry.cpu_draw
         or entry.out_args
         or (spec.shape_from_scalars and scalars)  # (the C++ key has ints' values, not floats')
+        or spec.mutated  # (batch_norm's running statistics: a write the door would not see)
         or not (
             entry.one_fresh_output or several_fresh(entry) or writes_first(entry, args, tensors)
         )
     ):
         return False
-    if _written_arguments(spec) != ([] if entry.one_fresh_output or several_fresh(entry) else [0]):
-        return False  # (batch_norm's running statistics: a write the door would not see)
     step = loaded.steps[0]
     if (
         step.name != spec.name
@@ -355,14 +354,6 @@ def _servable(
         and keywords.keys() == kwargs.keys()
         and all(_same(keywords[k], kwargs[k]) for k in kwargs)
     )
-
-
-def _written_arguments(spec: OpSpec) -> list[int]:
-    """Which of the op's arguments its schema says it writes."""
-    arguments = spec.op._schema.arguments
-    return [
-        i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
-    ]
 
 
 def several_fresh(entry: Entry) -> bool:

@@ -86,6 +86,17 @@ thread_local Offer* current_offer = nullptr;
 
 constexpr int64_t kMostTensors = 64;  // tensors in one served call, lists included
 
+bool is_neuron(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() &&
+         v.toTensor().device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// A device argument this door serves: neuron:0, or neuron without an index.
+bool neuron0(const c10::Device& device) {
+  return device.type() == c10::DeviceType::PrivateUse1 &&
+         (!device.has_index() || device.index() == 0);
+}
+
 void put(std::string& key, int64_t v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
@@ -178,10 +189,7 @@ bool signature(const c10::OperatorHandle& op, const c10::IValue* args, size_t n,
       key.append(text);
     } else if (v.isDevice()) {  // (a factory's device: the CPU's kernel is given the CPU)
       const c10::Device device = v.toDevice();
-      if (device.type() != c10::DeviceType::PrivateUse1 ||
-          (device.has_index() && device.index() != 0)) {
-        return false;
-      }
+      if (!neuron0(device)) return false;
       put(key, 11);
       put(key, device.has_index() ? device.index() : -1);  // ('neuron' and 'neuron:0' differ)
     } else {
@@ -286,20 +294,15 @@ std::pair<const char*, std::string> python_error(const std::exception& e) {
 // the error its door would (fast._failed), since running it again would write twice.
 bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* stack, size_t n) {
   const c10::IValue* args = stack->data() + stack->size() - n;
-  if (fast.writes) {
-    if (n == 0 || !args[0].isTensor() || !args[0].toTensor().defined() ||
-        args[0].toTensor().device().type() != kNeuron.type()) {
-      return false;
-    }
-    if (!s.may_write_cb(fast.token).cast<bool>()) return false;
+  if (fast.writes && (n == 0 || !is_neuron(args[0]) || !s.may_write_cb(fast.token).cast<bool>())) {
+    return false;
   }
   HostAliases aliases;
   Stack cpu;
   try {
     cpu.reserve(n);
     auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
-      if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
-      return aliases.of(t);
+      return is_neuron(t) ? aliases.of(t) : t;
     };
     for (size_t i = 0; i < n; ++i) {
       const c10::IValue& v = args[i];
@@ -391,11 +394,6 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
   return true;
 }
 
-bool is_neuron(const c10::IValue& v) {
-  return v.isTensor() && v.toTensor().defined() &&
-         v.toTensor().device().type() == c10::DeviceType::PrivateUse1;
-}
-
 // Larger allocations go to Python, which takes the simulated HBM before the host memory (a
 // tensor the device cannot hold is its OutOfMemoryError, not the host's).
 constexpr int64_t kLargestServedEmpty = int64_t(64) << 20;
@@ -411,14 +409,7 @@ bool serve_empty(State& s, Stack* stack, bool strided) {
   const c10::IValue* opts = a + (strided ? 2 : 1);  // dtype, layout, device, pin_memory...
   if (!opts[0].isNone() && !opts[0].isInt()) return false;
   if (!opts[1].isNone() && opts[1].toLayout() != c10::kStrided) return false;
-  if (!opts[2].isNone()) {
-    if (!opts[2].isDevice()) return false;
-    const c10::Device device = opts[2].toDevice();
-    if (device.type() != c10::DeviceType::PrivateUse1 ||
-        (device.has_index() && device.index() != 0)) {
-      return false;
-    }
-  }
+  if (!opts[2].isNone() && !(opts[2].isDevice() && neuron0(opts[2].toDevice()))) return false;
   if (!opts[3].isNone() && opts[3].toBool()) return false;
   if (!strided && !opts[4].isNone() &&
       opts[4].toMemoryFormat() != c10::MemoryFormat::Contiguous &&
@@ -478,14 +469,17 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   }
   const c10::FunctionSchema* schema = &op.schema();
   const size_t n = schema->arguments().size();
+  const c10::IValue* args = stack->data() + stack->size() - n;
   std::string key;
   bool keyed = false;
   bool view = false;
   // The call as it is keyed, served and offered: itself, or for _copy_from(src, dst,
   // non_blocking) between two neuron tensors, copy_(dst, src, non_blocking), which is what
-  // Python's door runs for it.
+  // Python's door runs for it (any other _copy_from is a host-device copy: Python's).
   const c10::OperatorHandle* as = &op;
   Stack copy;
+  Stack* call = stack;
+  size_t call_n = n;
   {
     py::gil_scoped_acquire gil;
     if (schema == s.empty || schema == s.empty_strided) {
@@ -493,32 +487,27 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
         ++s.served;
         return;
       }
-    } else if (schema == s.copy_from) {
-      const c10::IValue* a = stack->data() + stack->size() - n;
-      if (is_neuron(a[0]) && is_neuron(a[1]) && a[2].isBool()) {
-        copy = {a[1], a[0], a[2]};
-        as = &*s.copy;
-        keyed = signature(*as, copy.data(), 3, key);
-        auto found = keyed ? s.table.find(key) : s.table.end();
-        if (found != s.table.end() && serve(s, found->second, *as, &copy, 3)) {
-          at::Tensor written = copy.back().toTensor();
-          torch::jit::drop(*stack, n);
-          stack->emplace_back(std::move(written));
-          ++s.served;
-          return;
-        }
-      }
     } else if (s.views.count(schema)) {
       // a view op: Python agrees (no recording wants it; it counts the call)
       view = s.view().cast<bool>();
-    } else {
-      keyed = signature(op, stack->data() + stack->size() - n, n, key);
-      if (keyed) {
-        auto found = s.table.find(key);
-        if (found != s.table.end() && serve(s, found->second, op, stack, n)) {
-          ++s.served;
-          return;
+    } else if (schema != s.copy_from ||
+               (is_neuron(args[0]) && is_neuron(args[1]) && args[2].isBool())) {
+      if (schema == s.copy_from) {
+        copy = {args[1], args[0], args[2]};
+        as = &*s.copy;
+        call = &copy;
+        call_n = 3;
+      }
+      keyed = signature(*as, call->data() + call->size() - call_n, call_n, key);
+      auto found = keyed ? s.table.find(key) : s.table.end();
+      if (found != s.table.end() && serve(s, found->second, *as, call, call_n)) {
+        if (call != stack) {  // (_copy_from returns what copy_ wrote: dst)
+          at::Tensor written = copy.back().toTensor();
+          torch::jit::drop(*stack, n);
+          stack->emplace_back(std::move(written));
         }
+        ++s.served;
+        return;
       }
     }
   }

@@ -200,20 +200,7 @@ def test_a_fresh_process_whose_first_op_is_an_empty_counts_as_the_python_door() 
         "m = torch.neuron.metrics()\n"
         "print(m['ops_dispatched'], m['hbm_bytes'])\n"
     )
-    said = []
-    for door in ("on", "off"):
-        env = dict(os.environ, NEURON_FAST_DOOR=door, NEURON_COMPILE_DAEMON="off")
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        said.append(done.stdout.strip())
-    assert said[0] == said[1]
+    assert _printed(code, door="on") == _printed(code, door="off")
 
 
 def test_without_the_cpp_door_every_op_takes_the_python_door() -> None:
@@ -224,7 +211,12 @@ def test_without_the_cpp_door_every_op_takes_the_python_door() -> None:
         "assert fast.module() is None and fast.stats() == {}\n"
         "print((a + a).cpu().tolist())\n"
     )
-    env = dict(os.environ, NEURON_FAST_DOOR="off", NEURON_COMPILE_DAEMON="off")
+    assert _printed(code, door="off") == "[2.0, 2.0, 2.0, 2.0]"
+
+
+def _printed(code: str, door: str) -> str:
+    """What a fresh process running `code` prints, with NEURON_FAST_DOOR=door."""
+    env = dict(os.environ, NEURON_FAST_DOOR=door, NEURON_COMPILE_DAEMON="off")
     done = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -234,7 +226,7 @@ def test_without_the_cpp_door_every_op_takes_the_python_door() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[2.0, 2.0, 2.0, 2.0]"
+    return done.stdout.strip()
 
 
 def test_a_served_call_reads_its_inputs_where_python_does() -> None:
