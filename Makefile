@@ -9,9 +9,12 @@ PACKAGES := package protos simulator compiler policy daemon client client/api cl
 
 setup: $(STAMP) door redis-server
 
-# trnsim's C++ door (client/door/fast_door.cpp): built once per source and torch version into
-# ~/.cache/trnsim/door (about 20 s; g++ and ninja); without them every op takes the Python door.
+# trnsim's C++ parts, built once per source and torch version (g++ and ninja): the simulated
+# core's allocator and timeline (simulator/native.cpp, ~/.cache/trnsim/native, about 15 s),
+# which trnsim cannot run without, and the C++ door (client/door/fast_door.cpp,
+# ~/.cache/trnsim/door, about 40 s).
 door: $(STAMP)
+	@$(PY) -m trnsim.simulator.native
 	@$(PY) -c 'from trnsim.client.door import fast; fast.main()'
 
 # The cluster tier's tests start their own Redis server: Debian's, installed when missing

@@ -2,15 +2,16 @@
 
 docs/ARCHITECTURE.md, "Two clocks": each launch starts at max(host time of the launch, end of the previous
 work on its queue) and lasts its launch overhead plus its modelled time; a sync point moves
-the host to the end of the work it waits for. Everything here is deterministic.
+the host to the end of the work it waits for. Everything here is deterministic. The arithmetic is C++
+(accounting.h, shared with the C++ door); this module is its Python face.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
+from trnsim.simulator import native
 from trnsim.simulator.config import Target
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma", "collective")
@@ -36,37 +37,50 @@ class Event:
         return self.time_ns is not None
 
 
-@dataclass
-class _Queue:
-    end_ns: int = 0
-    # End times of launches not known to be finished (non-decreasing); entries at or before
-    # the host time are dropped as the host moves on, so the deque stays short.
-    ends: deque[int] = field(default_factory=deque)
-    busy_ns: int = 0
-
-
 class Timeline:
-    """Host and device time of one simulated core."""
+    """Host and device time of one simulated core. The clocks and queues are C++ (`core`,
+    accounting.h: the C++ door launches a warm eager call on them without Python); this
+    class gives them events, launch records and the snapshot."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.host_ns = 0
-        self.host_busy_ns = 0
-        self.sync_waits = 0
-        self.sync_wait_ns = 0
-        self.launches = 0
-        self.engine_busy_ns: dict[str, int] = defaultdict(int)
-        self._queues: dict[int, _Queue] = defaultdict(_Queue)
-        # Collectives on the timeline (start, end), latest last, and the compute time that
-        # ran while one did: how much communication the device hid behind compute.
-        self._collective_spans: deque[tuple[int, int]] = deque()
-        self.collective_overlap_ns = 0
+        self.core = native.module().Timeline(target.launch_overhead_ns)
+
+    # -- the clocks and counters (C++) --------------------------------------------------------
+    @property
+    def host_ns(self) -> int:
+        return int(self.core.host_ns)
+
+    @property
+    def host_busy_ns(self) -> int:
+        return int(self.core.host_busy_ns)
+
+    @property
+    def sync_waits(self) -> int:
+        return int(self.core.sync_waits)
+
+    @property
+    def sync_wait_ns(self) -> int:
+        return int(self.core.sync_wait_ns)
+
+    @property
+    def launches(self) -> int:
+        return int(self.core.launches)
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes the launched work moves to and from HBM (modelled)."""
+        return int(self.core.hbm_bytes)
+
+    @property
+    def collective_overlap_ns(self) -> int:
+        """Compute time that ran while a collective did: communication hidden by compute."""
+        return int(self.core.collective_overlap_ns)
 
     # -- host side ----------------------------------------------------------------------------
     def host_work(self, ns: int) -> None:
         """The host spends ns (dispatching, recording, submitting)."""
-        self.host_ns += ns
-        self.host_busy_ns += ns
+        self.core.host_work(ns)
 
     # -- device side --------------------------------------------------------------------------
     def launch(
@@ -83,7 +97,7 @@ class Timeline:
             raise ValueError(f"negative duration {duration_ns} ns for launch {name!r}")
         overhead = self.target.launch_overhead_ns if overhead_ns is None else overhead_ns
         start = self.enqueue(duration_ns, stream, engine_ns or {}, overhead)
-        return Launch(stream, name, self.host_ns, start, self._queues[stream].end_ns)
+        return Launch(stream, name, self.host_ns, start, self.stream_end_ns(stream))
 
     def enqueue(
         self,
@@ -92,104 +106,59 @@ class Timeline:
         engine_ns: dict[str, int],
         overhead_ns: int = -1,
         host_ns: int = 0,
+        hbm_bytes: int = 0,
     ) -> int:
         """launch() without the record (the runtime's per-op path): the work starts when
         the host submits it (after host_ns of host work: host_work, in the same call) or
         the stream's earlier work ends, whichever is later, and takes the launch overhead
-        (the target's, unless given) plus duration_ns. Returns its start."""
-        overhead = self.target.launch_overhead_ns if overhead_ns < 0 else overhead_ns
-        queue = self._queues[stream]
-        if host_ns:
-            self.host_busy_ns += host_ns
-            self.host_ns += host_ns
-        host = self.host_ns
-        start = queue.end_ns if queue.end_ns > host else host  # noqa: FURB136  (per op: no call)
-        end = start + overhead + duration_ns
-        queue.end_ns = end
-        ends = queue.ends
-        ends.append(end)
-        while ends[0] <= host:
-            ends.popleft()
-        queue.busy_ns += end - start
-        spans = self._collective_spans
-        if spans:  # compute launched while collectives run or are queued
-            while spans and spans[0][1] <= start:
-                spans.popleft()
-            for c_start, c_end in spans:
-                self.collective_overlap_ns += max(0, min(end, c_end) - max(start, c_start))
-        self.launches += 1
-        busy = self.engine_busy_ns
-        for engine, ns in engine_ns.items():
-            busy[engine] += ns
-        return start
+        (the target's, unless given) plus duration_ns; it moves hbm_bytes to and from HBM.
+        Returns its start."""
+        return int(
+            self.core.enqueue(duration_ns, stream, engine_ns, overhead_ns, host_ns, hbm_bytes)
+        )
 
     def ready_ns(self, stream: int) -> int:
         """When work submitted now on a stream could start: the host's time or the end of
         the stream's earlier work, whichever is later."""
-        return max(self.host_ns, self.stream_end_ns(stream))
+        return int(self.core.ready_ns(stream))
 
     def occupy(self, stream: int, start_ns: int, duration_ns: int, engine: str) -> None:
         """Work whose start was agreed elsewhere (a collective: the last rank's arrival) runs
-        on a stream from start_ns, which is no earlier than the stream's ready time."""
-        queue = self._queues[stream]
-        if start_ns < max(self.host_ns, queue.end_ns):
-            raise ValueError(
-                f"work on stream {stream} cannot start at {start_ns} ns, before it is ready"
-            )
-        end = start_ns + duration_ns
-        queue.end_ns = end
-        queue.ends.append(end)
-        queue.busy_ns += duration_ns
-        self.engine_busy_ns[engine] += duration_ns
-        spans = self._collective_spans
-        if spans and start_ns < spans[-1][1]:  # (another group's, still running: one span)
-            spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
-        else:
-            spans.append((start_ns, end))
+        on a stream from start_ns, which is no earlier than the stream's ready time
+        (ValueError if it is)."""
+        self.core.occupy(stream, start_ns, duration_ns, engine)
 
     def queue_depth(self, stream: int | None = None) -> int:
         """Launches submitted and not yet finished at the current host time."""
-        streams = [stream] if stream is not None else list(self._queues)
-        return sum(self._pending(self._queues[s]) for s in streams if s in self._queues)
-
-    def _pending(self, queue: _Queue) -> int:
-        ends = queue.ends
-        while ends and ends[0] <= self.host_ns:
-            ends.popleft()
-        return len(ends)
+        return int(self.core.queue_depth(stream))
 
     def stream_end_ns(self, stream: int = 0) -> int:
-        return self._queues[stream].end_ns if stream in self._queues else 0
+        return int(self.core.stream_end_ns(stream))
 
     def device_busy_ns(self, stream: int | None = None) -> int:
-        if stream is not None:
-            return self._queues[stream].busy_ns if stream in self._queues else 0
-        return sum(q.busy_ns for q in self._queues.values())
+        return int(self.core.device_busy_ns(stream))
+
+    def engine_busy_ns(self, engine: str) -> int:
+        """The busy time launches gave an engine (tensor, vector, ... ENGINES)."""
+        return int(self.core.engine_busy_ns(engine))
 
     # -- synchronisation ----------------------------------------------------------------------
     def synchronize(self, stream: int | None = None) -> int:
         """The host waits for a stream (or every stream); returns the ns it waited."""
-        streams = [stream] if stream is not None else list(self._queues)
-        end = max((self.stream_end_ns(s) for s in streams), default=0)
-        return self.wait_until(end)
+        return int(self.core.synchronize(stream))
 
     def wait_until(self, time_ns: int) -> int:
-        self.sync_waits += 1
-        waited = max(0, time_ns - self.host_ns)
-        self.host_ns += waited
-        self.sync_wait_ns += waited
-        return waited
+        return int(self.core.wait_until(time_ns))
 
     def record_event(self, event: Event, stream: int = 0) -> None:
         """The event completes when the work enqueued so far on the stream completes."""
-        event.time_ns = max(self.host_ns, self.stream_end_ns(stream))
+        event.time_ns = self.ready_ns(stream)
 
     def stream_wait_event(self, event: Event, stream: int = 0) -> None:
         """Later work on the stream waits for the event (a device-side wait; host unblocked)."""
         if event.time_ns is None:
             return  # waiting on an unrecorded event is a no-op, as in CUDA
-        queue = self._queues[stream]
-        queue.end_ns = max(queue.end_ns, event.time_ns)
+        self.core.stream_wait(stream, event.time_ns)
 
     def event_query(self, event: Event) -> bool:
         return event.time_ns is None or event.time_ns <= self.host_ns
@@ -206,18 +175,15 @@ class Timeline:
     def reset_counters(self) -> None:
         """Launches, sync waits and busy times back to zero; the clocks (host time, queue
         ends) go on, so work in flight still finishes when it would have."""
-        self.host_busy_ns = self.sync_waits = self.sync_wait_ns = self.launches = 0
-        self.collective_overlap_ns = 0
-        self.engine_busy_ns.clear()
-        for queue in self._queues.values():
-            queue.busy_ns = 0
+        self.core.reset_counters()
 
     # -- summary ------------------------------------------------------------------------------
     def now_ns(self) -> int:
         """Simulated wall time: the later of the host and every queue's end."""
-        return max([self.host_ns, *(q.end_ns for q in self._queues.values())])
+        return int(self.core.now_ns())
 
     def snapshot(self) -> dict[str, int]:
+        core = self.core
         return {
             "host_ns": self.host_ns,
             "host_busy_ns": self.host_busy_ns,
@@ -227,5 +193,6 @@ class Timeline:
             "sync_waits": self.sync_waits,
             "sync_wait_ns": self.sync_wait_ns,
             "collective_overlap_ns": self.collective_overlap_ns,
-            **{f"{e}_busy_ns": self.engine_busy_ns.get(e, 0) for e in ENGINES},
+            "hbm_bytes": self.hbm_bytes,
+            **{f"{e}_busy_ns": int(core.engine_busy_ns(e)) for e in ENGINES},
         }

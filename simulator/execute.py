@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 from trnsim.protos import executable_pb2, graph_pb2
-from trnsim.simulator import dtypes, kernels, shape_only
+from trnsim.simulator import dtypes, kernels, native, shape_only
 
 MEMORY_FORMATS = {
     graph_pb2.CONTIGUOUS_FORMAT: torch.contiguous_format,
@@ -350,6 +350,8 @@ class LoadedExecutable:
             for p in exe.engines
             if p.engine != executable_pb2.NONE
         }
+        # (what a launch costs the timeline, as the C++ accounting reads it: accounting.h)
+        self.cost = native.module().Cost(self.modelled_ns, self.hbm_bytes, self.engine_ns)
         self.locations = list(exe.debug.graph.node_locations)
         # Graph outputs an out= kernel can write straight into the caller's memory.
         self.writable = {

@@ -11,7 +11,9 @@ from collections.abc import Callable
 import torch
 from trnsim.client.core.errors import out_of_memory
 from trnsim.client.core.memory import to_host_alias
-from trnsim.simulator.memory import Block, HbmAllocator, OutOfMemoryError
+from trnsim.simulator.memory import Allocator, OutOfMemoryError
+
+Block = int  # an HBM block, by the allocator's handle (simulator/memory.py: Allocator.take)
 
 
 class _Held(weakref.ref[torch.UntypedStorage]):
@@ -27,6 +29,25 @@ class _Held(weakref.ref[torch.UntypedStorage]):
     ptr: int
 
 
+class _Adopted:
+    """_Held's record of a storage that gives its memory back itself: one the C++ door made
+    (client/door/fast_door.cpp), whose death calls DeviceMemory._release with this record
+    (no Python storage object, no weak reference: each costs a served op more than the
+    rest of its accounting)."""
+
+    __slots__ = ("block", "host", "meta", "ptr")
+    block: Block
+    host: torch.Tensor
+    meta: tuple[object, ...] | None
+    ptr: int
+
+
+# The C++ door's adoption (client/door/fast.py installs it): for memory it made, the
+# storage's death calls the release given with the record given; the memory's key, or -1
+# for memory it did not make (then watched by a weak reference to its storage).
+native_adopt: list[Callable[[torch.Tensor, Callable[[_Adopted], None], _Adopted], int]] = []
+
+
 class DeviceMemory:
     """Allocation, adoption by a storage, park/unpark, host aliases. `flush` runs what is
     recorded before memory it may read is taken away; `counts` are the runtime's counters
@@ -34,24 +55,25 @@ class DeviceMemory:
 
     def __init__(
         self,
-        allocator: HbmAllocator,
+        allocator: Allocator,
         flush: Callable[[str], None],
         counts: dict[str, int],
     ) -> None:
         self.allocator = allocator
         self._flush = flush
         self._counts = counts
-        self._malloc = allocator.malloc
+        self._take = allocator.take
+        self._give = allocator.give
         # Every adopted storage alive has one _Held, here by its data_ptr (keyed: the host
         # alias is found by a tensor's data_ptr, park/unpark by the storage's) or, when its
         # memory cannot key it (no bytes, complex, a data_ptr already held), by id(ref).
-        self.hosts: dict[int, _Held] = {}
-        self._unkeyed: dict[int, _Held] = {}
+        self.hosts: dict[int, _Held | _Adopted] = {}
+        self._unkeyed: dict[int, _Held | _Adopted] = {}
         self._parked: dict[int, int] = {}  # data_ptr -> bytes, of storages park()ed
 
     def allocate(self, nbytes: int) -> Block:
         try:
-            block = self._malloc(nbytes)
+            block = self._take(nbytes)
         except OutOfMemoryError as e:
             raise out_of_memory(e) from None
         self._counts["allocations"] += 1
@@ -59,21 +81,44 @@ class DeviceMemory:
 
     def adopt(self, tensor: torch.Tensor, block: Block, host: torch.Tensor) -> torch.Tensor:
         """Frees the block when the tensor's storage dies (views keep it alive); remembers
-        the CPU tensor whose memory it is until then."""
+        the CPU tensor whose memory it is until then. Memory the C++ door made (memory.py:
+        to_device) gives its block back itself; other memory is watched by a weak reference
+        to its storage."""
+        if native_adopt:
+            record = _Adopted()
+            key = native_adopt[0](tensor, self._release, record)
+            if key >= 0:
+                self._hold(record, key, block, host)
+                return tensor
         self.adopt_storage(tensor.untyped_storage(), block, host)
         return tensor
 
     def adopt_storage(
         self, storage: torch.UntypedStorage, block: Block, host: torch.Tensor
     ) -> None:
-        ref = _Held(storage, self._release)
+        self._hold(
+            _Held(storage, self._release),
+            storage.data_ptr() if storage.nbytes() else 0,
+            block,
+            host,
+        )
+
+    def adopted(self, ptr: int, block: Block, host: torch.Tensor) -> _Adopted:
+        """adopt() of a storage that frees its block itself, by calling _release with the
+        record returned when it dies (the C++ door's: `ptr`, its memory's address, 0 when
+        it has no bytes)."""
+        record = _Adopted()
+        self._hold(record, ptr, block, host)
+        return record
+
+    def _hold(self, ref: _Held | _Adopted, ptr: int, block: Block, host: torch.Tensor) -> None:
         ref.block, ref.host, ref.meta = block, host, None
-        ptr = ref.ptr = storage.data_ptr() if block.requested and not host.is_complex() else 0
+        ptr = ref.ptr = ptr if not host.is_complex() else 0
         if not ptr or self.hosts.setdefault(ptr, ref) is not ref:
             ref.ptr = 0
             self._unkeyed[id(ref)] = ref
 
-    def _release(self, ref: _Held) -> None:
+    def _release(self, ref: _Held | _Adopted) -> None:
         ptr = ref.ptr
         if ptr:
             if self.hosts.pop(ptr, None) is None:
@@ -82,7 +127,7 @@ class DeviceMemory:
                 return  # (a parked one's block is gone)
         elif self._unkeyed.pop(id(ref), None) is None:
             return
-        self.allocator.free(ref.block)
+        self._give(ref.block)
 
     def park(self, storage: torch.UntypedStorage) -> None:
         """A storage its owner calls freed while keeping the object (FSDP2 resizes an
@@ -92,8 +137,8 @@ class DeviceMemory:
         ref = self.hosts.get(storage.data_ptr())
         if ref is not None and ref.ptr not in self._parked:
             self._flush("hazard")
-            self._parked[ref.ptr] = ref.block.requested
-            self.allocator.free(ref.block)  # (the allocator may hand the Block out again)
+            self._parked[ref.ptr] = self.allocator.requested(ref.block)
+            self._give(ref.block)
 
     def unpark(self, storage: torch.UntypedStorage) -> None:
         """The storage is in use again: it takes HBM again (OutOfMemoryError if none)."""
@@ -126,7 +171,9 @@ class DeviceMemory:
         once `t.data = ...` gives t another storage, the memory it aliases may be freed while
         a recorded op still reads it.)"""
         if not (t.is_conj() or t.is_neg()):
-            ref = self.hosts.get(t.untyped_storage().data_ptr())
+            # (its storage's address, without a Python storage object: one would count as a
+            # reference to the storage, and autograd would then add gradients out of place)
+            ref = self.hosts.get(t.data_ptr() - int(t.storage_offset()) * t.element_size())
             if ref is not None and ref.host.dtype == t.dtype:
                 host = ref.host
                 return host.as_strided(
@@ -136,8 +183,8 @@ class DeviceMemory:
 
     def free_unadopted(self, blocks: list[Block]) -> None:
         for b in blocks:
-            if b.allocated:
-                self.allocator.free(b)
+            if self.allocator.holds(b):
+                self._give(b)
 
     # -- what torch.neuron reads and sets (memory_allocated, memory_stats...) ------------------
     def allocated_bytes(self) -> int:

@@ -1,13 +1,15 @@
 """Device memory as PyTorch sees it: host memory tagged as the PrivateUse1 device.
 
-A neuron tensor's storage is CPU memory imported through DLPack with its device type
-re-tagged to kDLExtDev, so data_ptr(), views and storage-level code work; the same memory
-is seen as a CPU tensor by re-tagging the other way (1-2 us).
+A neuron tensor's storage is CPU memory: made by the C++ door over a CPU tensor's memory
+when it is loaded (client/door/fast_door.cpp), else imported through DLPack with its
+device type re-tagged to kDLExtDev, so data_ptr(), views and storage-level code work; the
+same memory is seen as a CPU tensor by re-tagging the other way (1-2 us).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -29,8 +31,19 @@ _from_dlpack = torch._C._from_dlpack
 _NAME = b"dltensor"
 
 
+# The C++ door's maker of neuron tensors (client/door/fast.py installs it): its storages
+# give their HBM back through DeviceMemory.adopted's records, with no Python storage object
+# (PyTorch counts one as a reference to the storage, and its autograd then accumulates
+# gradients out of place: an allocation a real device does not make).
+native_device_of: list[Callable[[torch.Tensor], torch.Tensor | None]] = []
+
+
 def to_device(cpu: torch.Tensor) -> torch.Tensor:
     """A neuron tensor that owns (shares) cpu's memory, with the same sizes and strides."""
+    if native_device_of:
+        made = native_device_of[0](cpu)
+        if made is not None:
+            return made
     capsule = _to_dlpack(cpu)
     _byte_at(_get_pointer(capsule, _NAME) + _DEVICE_TYPE_OFFSET).value = _KDL_EXT_DEV
     return _from_dlpack(capsule)

@@ -15,7 +15,6 @@ COUNTERS = (
     "cache_misses",  # ops that needed an executable looked up or compiled
     "executable_cache_hits",  # signature misses served by an executable already loaded
     "compile_wait_ns",  # simulated host time spent waiting for compiles (modelled times)
-    "hbm_bytes",  # bytes those executables move to and from HBM (modelled)
     "h2d_bytes",
     "h2d_async_bytes",  # of those, non_blocking copies from pinned memory (DMA, host goes on)
     "d2h_bytes",

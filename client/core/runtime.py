@@ -75,6 +75,7 @@ class Runtime:
         self.counts = self.metrics.counts
         self.memory = DeviceMemory(HbmAllocator(self.target.hbm_bytes), self.flush, self.counts)
         self.timeline = Timeline(self.target)
+        self._clock = self.timeline.core  # (launch's per-op path: the C++ timeline itself)
         self.compiler: CompileClient = make_client()
         self.signatures: dict[tuple[object, ...], Entry] = {}
         # Eager ops whose sizes change with the data compile per shape bucket
@@ -158,13 +159,8 @@ class Runtime:
         profiler; default: the caller's line)."""
         if host_ns is None:
             host_ns = self._dispatch_cost() if self.measured_host else self.dispatch_ns
-        if not loaded.modelled_ns:
-            self.timeline.host_work(host_ns)
-        else:
-            start = self.timeline.enqueue(
-                loaded.modelled_ns, self.stream, loaded.engine_ns, -1, host_ns
-            )
-            self.counts["hbm_bytes"] += loaded.hbm_bytes
+        start = self._clock.launch_cost(loaded.cost, self.stream, host_ns)  # (-1: nothing ran)
+        if start >= 0:
             # (the per-op path: two attribute reads when nothing profiles)
             on = self.profiler is not None or autograd_profiler._is_profiler_enabled
             profilers = self.profilers() if on else ()
@@ -173,6 +169,16 @@ class Runtime:
                 overhead = self.target.launch_overhead_ns
                 for prof in profilers:
                     prof.launch(loaded, start, overhead, self.stream, sources)
+
+    def door_launches(self) -> bool:
+        """Whether the C++ door may launch an eager op on the timeline itself, as launch()
+        does: nothing profiles (a profiler wants the launch's source line) and host time is
+        modelled (client/door/fast.py)."""
+        return not (
+            self.measured_host
+            or self.profiler is not None
+            or autograd_profiler._is_profiler_enabled
+        )
 
     def profilers(self) -> list[profiler.Profiler]:
         """Who records launches now: trnsim's profiler (NEURON_PROFILE, torch.neuron.profile)
@@ -198,8 +204,7 @@ class Runtime:
         once), with the same accounting: the host's dispatch, the queue, HBM traffic and the
         profile at the caller's line."""
         self.timeline.host_work(self._dispatch_cost())
-        start = self.timeline.enqueue(duration_ns, self.stream, engine_ns)
-        self.count("hbm_bytes", hbm_bytes)
+        start = self.timeline.enqueue(duration_ns, self.stream, engine_ns, hbm_bytes=hbm_bytes)
         profilers = self.profilers()
         if profilers:
             path, line, _ = user_frame()

@@ -13,19 +13,17 @@ time, memory and counters are the Python door's. Anything else (recording modes,
 shape-only runs, collectives awaited, shapes being recorded, an op that fails) goes
 through the Python door as before.
 
-The door is built from its source on first use (torch.utils.cpp_extension: g++ and ninja,
-about a minute, once per machine and source) into ~/.cache/trnsim/door/<source hash>, and
-loaded from there after. NEURON_FAST_DOOR=off keeps every op on the Python door; without a
-compiler the Python door serves everything, with one warning.
+The door is built from its source on first use (simulator/native.py's builder: g++ and
+ninja, about 40 s, once per machine and source) into ~/.cache/trnsim/door/<source hash>,
+and loaded from there after. NEURON_FAST_DOOR=off keeps every op on the Python door, while
+device memory is still made and adopted by the door's C++ (client/core/memory.py), so
+that memory is accounted alike either way. If the door cannot be built the Python door
+serves everything, with one warning (and device memory is imported through DLPack).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
-import sys
-import sysconfig
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -35,12 +33,19 @@ from typing import NoReturn
 
 import torch
 from trnsim.client.core import env, runtime, shapes
+from trnsim.client.core.device_memory import native_adopt
 from trnsim.client.core.errors import execution_error
+from trnsim.client.core.memory import native_device_of
 from trnsim.client.core.ops import FRESH, NONE, WRITE, Entry, OpSpec
 from trnsim.client.core.types import Args, Kwargs
+from trnsim.simulator import native
 from trnsim.simulator.shape_only import NUMERICS
 
-SOURCE = Path(__file__).with_name("fast_door.cpp")
+# (the door, and the accounting it shares with the simulator: simulator/accounting.h)
+SOURCES = (
+    Path(__file__).with_name("fast_door.cpp"),
+    Path(native.__file__).with_name("accounting.h"),
+)
 CPU = torch.device("cpu")
 NAME = "trnsim_door"
 ENV = env.NEURON_FAST_DOOR
@@ -56,13 +61,6 @@ def enabled() -> bool:
     return env.fast_door()
 
 
-def build_directory() -> Path:
-    """Where the door is built: per source, torch and Python, so a change rebuilds it."""
-    built_for = f"{torch.__version__} {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}"
-    digest = hashlib.sha256(SOURCE.read_bytes() + built_for.encode()).hexdigest()[:12]
-    return env.cache_home() / "trnsim" / "door" / digest
-
-
 def load(build: bool = True) -> ModuleType | None:
     """The C++ door's module: loaded if built, else built now (when `build`); None when
     NEURON_FAST_DOOR is off or it cannot be built (a warning says why, once)."""
@@ -71,54 +69,40 @@ def load(build: bool = True) -> ModuleType | None:
         return _module
     _tried = True
     try:
-        if not enabled():
-            return None
+        serve = enabled()
     except env.ConfigError as e:
         warnings.warn(f"{e}; the C++ door stays off", RuntimeWarning, stacklevel=2)
-        return None
-    where = build_directory()
-    built = where / f"{NAME}.so"
+        serve = False
     try:
-        if not built.exists():
-            if not build:
-                _tried = False
-                return None
-            _build(where)
-        spec = importlib.util.spec_from_file_location(NAME, built)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except (OSError, RuntimeError, ImportError) as e:  # (no compiler, no ninja, a failed build)
+        module = native.load_built(NAME, "door", SOURCES, _build, build)
+    except native.NativeBuildError as e:
         warnings.warn(
-            f"trnsim's C++ door could not be built or loaded ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}); every op takes "
-            f"the Python door, which costs several microseconds more per op. Install g++ "
-            f"and ninja (pip install ninja): the next run builds it; or set {ENV}=off to "
-            f"silence this.",
+            f"{e} Until then every op takes the Python door, which costs several "
+            f"microseconds more per op.",
             RuntimeWarning,
             stacklevel=2,
         )
         return None
-    _module = module
-    return module
+    if module is None:
+        _tried = False  # (not built, and not asked to build: a later call may)
+        return None
+    use_native_memory(module)  # (with the door off too: memory made as it makes it)
+    _module = module if serve else None
+    return _module
 
 
-def _build(where: Path) -> None:
+def _build(where: Path, built: Path) -> None:
+    """The door, by torch's extension builder (ninja), with the simulator's accounting
+    header on its include path."""
     from torch.utils.cpp_extension import load as build_extension
 
-    print(
-        f"trnsim: building its C++ door (once per machine and version, about a minute; "
-        f"{ENV}=off skips it) in {where}",
-        file=sys.stderr,
-        flush=True,
-    )
-    where.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         build_extension(
             NAME,
-            [str(SOURCE)],
+            [str(SOURCES[0])],
             extra_cflags=["-O2"],
+            extra_include_paths=[str(SOURCES[1].parent)],
             build_directory=str(where),
             is_python_module=True,
             verbose=False,
@@ -131,52 +115,71 @@ def module() -> ModuleType | None:
 
 
 # -- what the C++ door calls back -----------------------------------------------------------------
-def _served(token: tuple[runtime.Runtime, Entry], host: torch.Tensor, out: torch.Tensor) -> bool:
-    """A warm call of the token's signature, computed in C++ (`host`, the CPU's result, and
-    `out`, the neuron tensor over its memory): False if the Python door must take the call
-    now, else accounted as eager.run accounts it (its counters, HBM block, launch and the
-    block's adoption by the output's storage)."""
+# _served and _served_many answer None when the Python door must take the call now, else
+# the launch's stream (the C++ door launches it there on the runtime's timeline,
+# simulator/accounting.h), or LAUNCHED (Python made it), and the records of the outputs'
+# memory (DeviceMemory.adopted), which each output's storage hands back to
+# DeviceMemory._release when it dies. _may_write answers REFUSED, LAUNCHED (_wrote makes
+# it) or the stream.
+REFUSED = -2
+LAUNCHED = -1
+Records = tuple[int, object] | None
+
+
+def _served(token: tuple[runtime.Runtime, Entry], host: torch.Tensor, ptr: int) -> Records:
+    """A warm call of the token's signature, computed in C++ (`host`, the CPU's result,
+    whose memory the output is, at `ptr`): None if the Python door must take the call now,
+    else accounted as eager.run accounts it (its counters and HBM block) but for its
+    launch, which _launch answers."""
     rt, entry = token
     if not _counted(rt):
-        return False
+        return None
     memory = rt.memory
     block = memory.allocate(entry.one_fresh_output)  # type: ignore[arg-type]
-    rt.launch(entry.loaded)  # type: ignore[arg-type]
-    memory.adopt(out, block, host)
-    return True
+    return _launch(rt, entry), memory.adopted(ptr, block, host)
 
 
 def _served_many(
     token: tuple[runtime.Runtime, Entry],
-    hosts: tuple[torch.Tensor, ...],
-    outs: tuple[torch.Tensor, ...],
-) -> bool:
+    hosts: tuple[torch.Tensor | None, ...],
+    ptrs: tuple[int | None, ...],
+) -> Records:
     """_served() of an op returning several new tensors (layer_norm's output, mean and
     rstd), and perhaps Nones (an output_mask's False): a block for each tensor, allocated in
     order as eager mode allocates them, one launch."""
     rt, entry = token
     if not _counted(rt):
-        return False
+        return None
     memory = rt.memory
-    made = [k for k, r in enumerate(entry.returns) if r.kind is FRESH]  # (not the NONEs)
-    blocks = [memory.allocate(entry.returns[k].nbytes) for k in made]
+    blocks = [memory.allocate(r.nbytes) if r.kind is FRESH else None for r in entry.returns]
+    records = tuple(
+        None if block is None else memory.adopted(ptr, block, host)  # type: ignore[arg-type]
+        for block, ptr, host in zip(blocks, ptrs, hosts, strict=True)
+    )
+    return _launch(rt, entry), records
+
+
+def _launch(rt: runtime.Runtime, entry: Entry) -> int:
+    """A served call's launch: left to the C++ door, which makes it as Runtime.launch does
+    (the stream it goes on), unless a profiler wants its source line or host time is
+    measured: then made here (LAUNCHED)."""
+    if rt.door_launches():
+        return rt.stream
     rt.launch(entry.loaded)  # type: ignore[arg-type]
-    for k, block in zip(made, blocks, strict=True):
-        memory.adopt(outs[k], block, hosts[k])
-    return True
+    return LAUNCHED
 
 
-def _made(host: torch.Tensor, out: torch.Tensor, nbytes: int) -> bool:
-    """An empty tensor made in C++ (`host`, its CPU memory, and `out`, the neuron tensor over
-    it): False if the Python door must make it now, else accounted as the Python door's
-    `empty` accounts it (counted, and an HBM block of `nbytes` its storage adopts)."""
+def _made(host: torch.Tensor, ptr: int, nbytes: int) -> tuple[object, object] | None:
+    """An empty tensor made in C++ (`host`, its CPU memory, at `ptr`): None if the Python
+    door must make it now, else accounted as the Python door's `empty` accounts it
+    (counted, and an HBM block of `nbytes`): the release its storage calls when it dies,
+    with the record returned."""
     rt = runtime._runtime
     if rt is None or not _direct_kernels[0] or not _eager(rt):
-        return False
+        return None
     rt.counts["ops_dispatched"] += 1
     memory = rt.memory
-    memory.adopt(out, memory.allocate(nbytes), host)
-    return True
+    return memory._release, memory.adopted(ptr, memory.allocate(nbytes), host)
 
 
 _direct_kernels = [False]  # whether client/api/backend.py has registered its direct kernels
@@ -188,15 +191,20 @@ def direct_kernels_registered() -> None:
     _direct_kernels[0] = True
 
 
-def _may_write(token: tuple[runtime.Runtime, Entry]) -> bool:
+def _may_write(token: tuple[runtime.Runtime, Entry]) -> int:
     """A warm call of an in-place op, about to be computed in C++ into its first argument's
-    memory: False if the Python door must take the call (nothing is written yet), else
-    counted as eager mode counts it."""
-    return _counted(token[0])
+    memory: REFUSED if the Python door must take the call (nothing is written yet), else
+    counted as eager mode counts it; its launch, once written, is the C++ door's on the
+    stream returned, or (LAUNCHED) _wrote's."""
+    rt = token[0]
+    if not _counted(rt):
+        return REFUSED
+    return rt.stream if rt.door_launches() else LAUNCHED
 
 
 def _wrote(token: tuple[runtime.Runtime, Entry]) -> None:
-    """The in-place op _may_write let through has written its first argument: its launch."""
+    """The in-place op _may_write let through has written its first argument: its launch,
+    when Python makes it (a profiler wants its source line)."""
     rt, entry = token
     rt.launch(entry.loaded)  # type: ignore[arg-type]
 
@@ -248,6 +256,13 @@ def _view() -> bool:
     counts["ops_dispatched"] += 1
     counts["view_ops"] += 1
     return True
+
+
+def use_native_memory(door: ModuleType) -> None:
+    """Device memory is made and adopted by the C++ door from now on (client/core/memory.py,
+    device_memory.py), whether or not it serves calls: no Python storage object per tensor."""
+    native_device_of[:] = [door.device_of]
+    native_adopt[:] = [door.adopt]
 
 
 def install(door: ModuleType) -> None:
@@ -304,9 +319,16 @@ def offer(
                 (list(d[0]) if d else [], list(d[1]) if d else [], r.kind is NONE)
                 for d, r in zip(declared, entry.outputs, strict=True)
             ]
-            door.offer(spec.name, (rt, entry), outputs, False)
+            door.offer(spec.name, (rt, entry), outputs, False, *_launch_of(rt, entry))
         else:  # (it writes its first argument)
-            door.offer(spec.name, (rt, entry), [], True)
+            door.offer(spec.name, (rt, entry), [], True, *_launch_of(rt, entry))
+
+
+def _launch_of(rt: runtime.Runtime, entry: Entry) -> tuple[object, object, int, object]:
+    """What the C++ door launches a served call with: the runtime's timeline (its C++ core),
+    the executable's cost and the host's modelled dispatch time; and the release its
+    outputs' storages call when they die."""
+    return rt.timeline.core, entry.loaded.cost, rt.dispatch_ns, rt.memory._release  # type: ignore[union-attr]
 
 
 def _servable(
@@ -445,7 +467,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(
         prog="make door",
-        description="Builds trnsim's C++ door if it is not built yet (about 20 s, g++ and "
+        description="Builds trnsim's C++ door if it is not built yet (about 40 s, g++ and "
         "ninja), loads it and says where it is; `make setup` runs it.",
     )
     parser.parse_args()

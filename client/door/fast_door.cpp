@@ -9,11 +9,13 @@
 // keyed by its signature (the op, each tensor's sizes, strides, dtype and device, in lists
 // too, which arguments are the same tensor, and every other argument's value), without
 // converting it to Python objects: the CPU's kernel runs over host aliases of the inputs'
-// memory, and each result becomes a neuron tensor over its memory. Python keeps every piece
-// of accounting (the counters, the HBM blocks, the launch on the simulated timeline, the
-// adoption that frees a block) in one short call, which may still refuse the call (a
-// recording wants it), so simulated time and memory are what the Python door gives. Python
-// decides which signatures may be served here (client/door/fast.py: offer).
+// memory, and each result becomes a neuron tensor over its memory. Python keeps the
+// counters, the HBM blocks and the adoption that frees a block, in one short call, which
+// may still refuse the call (a recording wants it); the launch goes on the runtime's
+// simulated timeline from here, through the same C++ objects Python launches on
+// (simulator/accounting.h), unless Python makes it (a profiler wants its source line). So
+// simulated time and memory are what the Python door gives. Python decides which
+// signatures may be served here (client/door/fast.py: offer).
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -27,6 +29,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include "accounting.h"
 
 namespace py = pybind11;
 using torch::jit::Stack;
@@ -43,13 +47,35 @@ struct Layout {
   bool none = false;  // an optional output the op does not make (an output_mask's False)
 };
 
-// A signature Python offered: its token (what the callbacks account) and the layout of each
-// new tensor it returns (one, or several: layer_norm's output, mean and rstd).
+// Where a served call's launch goes: its runtime's timeline (simulator/accounting.h), the
+// executable's cost and the host's modelled dispatch time (Runtime.launch's, when nothing
+// profiles). The objects are held so that the pointers stay valid.
+struct Launch {
+  py::object timeline_object, cost_object;
+  py::object release;  // the runtime's DeviceMemory._release: its records of memory back
+  trnsim::Timeline* timeline = nullptr;
+  const trnsim::Cost* cost = nullptr;
+  int64_t dispatch_ns = 0;
+};
+
+// What Python's accounting callbacks answer (fast.py): the call is refused (Python's door
+// takes it), launched already (by Python), or to be launched here on that stream (>= 0).
+constexpr int64_t kRefused = -2;
+constexpr int64_t kLaunched = -1;
+
+// A signature Python offered: its token (what the callbacks account), the layout of each new
+// tensor it returns (one, or several: layer_norm's output, mean and rstd) and its launch.
 struct Fast {
   py::object token;
   std::vector<Layout> outputs;
   bool writes = false;  // an in-place op: it writes its first argument and returns it
+  Launch launch;
 };
+
+// The launch Python left to the door (`stream` >= 0), as Runtime.launch makes it.
+void launch_on(const Fast& fast, int64_t stream) {
+  if (stream >= 0) fast.launch.timeline->launch(*fast.launch.cost, stream, fast.launch.dispatch_ns);
+}
 
 struct State {
   std::unordered_map<std::string, Fast> table;
@@ -81,6 +107,7 @@ struct Offer {
   bool writes = false;
   bool view = false;
   bool made = false;
+  Launch launch;
 };
 thread_local Offer* current_offer = nullptr;
 
@@ -242,15 +269,60 @@ struct HostAliases {
   }
 };
 
-// A neuron tensor over a CPU tensor's memory, holding its storage alive.
-at::Tensor to_device(const at::Tensor& cpu) {
-  auto* keep = new c10::Storage(cpu.storage());
+// What a neuron storage made here holds: the CPU storage whose memory it is and, once
+// Python has adopted it (DeviceMemory.adopted: its HBM block, its host alias), Python's
+// record of it, which the storage's death hands back to Python's release (the block freed),
+// as a Python-made storage's weak reference does.
+struct Adopted {
+  c10::Storage host;
+  PyObject* release = nullptr;  // (owned references, once adopted)
+  PyObject* record = nullptr;
+
+  void adopt(const py::object& release_fn, const py::handle& adopted) {
+    release = release_fn.inc_ref().ptr();
+    record = adopted.inc_ref().ptr();
+  }
+};
+
+void drop(void* context) {
+  auto* adopted = static_cast<Adopted*>(context);
+  // (not once the interpreter is going away: nothing is left to account)
+  if (adopted->record != nullptr && Py_IsInitialized() && !_Py_IsFinalizing()) {
+    PyGILState_STATE gil = PyGILState_Ensure();  // (a storage may die on any thread)
+    PyObject *type, *value, *traceback;  // (it may die while an error is being raised)
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* done = PyObject_CallOneArg(adopted->release, adopted->record);
+    if (done == nullptr) {
+      PyErr_WriteUnraisable(adopted->release);
+    } else {
+      Py_DECREF(done);
+    }
+    Py_DECREF(adopted->record);
+    Py_DECREF(adopted->release);
+    PyErr_Restore(type, value, traceback);
+    PyGILState_Release(gil);
+  }
+  delete adopted;
+}
+
+// A neuron tensor over a CPU tensor's memory, holding its storage alive (`adopted`: where
+// Python's record of it goes).
+at::Tensor to_device(const at::Tensor& cpu, Adopted** adopted) {
+  auto* context = new Adopted{cpu.storage()};
+  *adopted = context;
   return at::for_blob(cpu.data_ptr(), cpu.sizes())
       .strides(cpu.strides())
-      .deleter([keep](void*) { delete keep; })
+      .context(context, &drop)
       .options(cpu.options().device(kNeuron))
       .target_device(kNeuron)
       .make_tensor();
+}
+
+// A neuron storage's key in Python's table of adopted memory (DeviceMemory.hosts): its
+// address, or 0 when it has no bytes.
+int64_t memory_key(const at::Tensor& t) {
+  const c10::Storage& storage = t.storage();
+  return storage.nbytes() ? reinterpret_cast<int64_t>(storage.data()) : 0;
 }
 
 py::object wrap(const at::Tensor& t) {
@@ -294,8 +366,11 @@ std::pair<const char*, std::string> python_error(const std::exception& e) {
 // the error its door would (fast._failed), since running it again would write twice.
 bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* stack, size_t n) {
   const c10::IValue* args = stack->data() + stack->size() - n;
-  if (fast.writes && (n == 0 || !is_neuron(args[0]) || !s.may_write_cb(fast.token).cast<bool>())) {
-    return false;
+  int64_t stream = kRefused;  // (an in-place op's launch, as _may_write answers)
+  if (fast.writes) {
+    if (n == 0 || !is_neuron(args[0])) return false;
+    stream = s.may_write_cb(fast.token).cast<int64_t>();
+    if (stream == kRefused) return false;
   }
   HostAliases aliases;
   Stack cpu;
@@ -340,7 +415,11 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
     throw;
   }
   if (fast.writes) {  // (it returns its first argument, written: the neuron tensor)
-    s.wrote_cb(fast.token);
+    if (stream == kLaunched) {
+      s.wrote_cb(fast.token);
+    } else {
+      launch_on(fast, stream);
+    }
     at::Tensor self = args[0].toTensor();
     torch::jit::drop(*stack, n);
     stack->emplace_back(std::move(self));
@@ -372,23 +451,37 @@ bool serve(State& s, const Fast& fast, const c10::OperatorHandle& op, Stack* sta
   } catch (const std::exception&) {
     return false;
   }
-  // Python's accounting: False if its door must take the call now (a recording, say); its
-  // errors (out of memory) are the call's
+  // Python's accounting: None if its door must take the call now (a recording, say), else
+  // the launch's stream and its record of each output's memory; its errors (out of memory)
+  // are the call's
   c10::SmallVector<at::Tensor, 4> outs;
+  c10::SmallVector<Adopted*, 4> adopted(results.size(), nullptr);
   outs.reserve(results.size());
-  for (const auto& result : results) {
-    outs.push_back(result.defined() ? to_device(result) : at::Tensor());
+  for (size_t k = 0; k < results.size(); ++k) {
+    outs.push_back(results[k].defined() ? to_device(results[k], &adopted[k]) : at::Tensor());
   }
+  py::object answer;
   if (outs.size() == 1) {
-    if (!s.served_cb(fast.token, wrap(results[0]), wrap(outs[0])).cast<bool>()) return false;
+    answer = s.served_cb(fast.token, wrap(results[0]), memory_key(outs[0]));
   } else {
-    py::tuple hosts(results.size()), devices(outs.size());
+    py::tuple hosts(results.size()), keys(outs.size());
     for (size_t k = 0; k < outs.size(); ++k) {
-      hosts[k] = wrap(results[k]);
-      devices[k] = wrap(outs[k]);
+      hosts[k] = results[k].defined() ? wrap(results[k]) : py::object(py::none());
+      keys[k] = outs[k].defined() ? py::object(py::int_(memory_key(outs[k]))) : py::object(py::none());
     }
-    if (!s.served_many_cb(fast.token, hosts, devices).cast<bool>()) return false;
+    answer = s.served_many_cb(fast.token, hosts, keys);
   }
+  if (answer.is_none()) return false;
+  const auto accounted = answer.cast<py::tuple>();
+  if (outs.size() == 1) {
+    if (adopted[0] != nullptr) adopted[0]->adopt(fast.launch.release, accounted[1]);
+  } else {
+    const auto records = accounted[1].cast<py::tuple>();
+    for (size_t k = 0; k < outs.size(); ++k) {
+      if (adopted[k] != nullptr) adopted[k]->adopt(fast.launch.release, records[k]);
+    }
+  }
+  launch_on(fast, accounted[0].cast<int64_t>());
   torch::jit::drop(*stack, n);
   for (auto& out : outs) stack->emplace_back(std::move(out));
   return true;
@@ -447,14 +540,19 @@ bool serve_empty(State& s, Stack* stack, bool strided) {
   }
   if (nbytes > kLargestServedEmpty) return false;
   at::Tensor host, out;
+  Adopted* adopted = nullptr;
   try {
     host = at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype));
-    out = to_device(host);
+    out = to_device(host, &adopted);
   } catch (const std::exception&) {
     return false;  // (Python's door makes it, and raises its own error)
   }
-  // Python's accounting (its errors, out of memory, are the call's)
-  if (!s.made_cb(wrap(host), wrap(out), nbytes).cast<bool>()) return false;
+  // Python's accounting: None, or its release and its record of the memory (its errors,
+  // out of memory, are the call's)
+  py::object answer = s.made_cb(wrap(host), memory_key(out), nbytes);
+  if (answer.is_none()) return false;
+  const auto accounted = answer.cast<py::tuple>();
+  adopted->adopt(accounted[0], accounted[1]);
   torch::jit::drop(*stack, 6);
   stack->emplace_back(std::move(out));
   return true;
@@ -528,6 +626,7 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
     if (offer.made) {
       py::gil_scoped_acquire gil;
       offer.token = py::object();
+      offer.launch = Launch();
     }
     throw;
   }
@@ -537,9 +636,11 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   if (offer.view) {
     s.views.insert(&op.schema());
   } else if (keyed) {
-    s.table[key] = Fast{std::move(offer.token), std::move(offer.outputs), offer.writes};
+    s.table[key] = Fast{std::move(offer.token), std::move(offer.outputs), offer.writes,
+                        std::move(offer.launch)};
   }
   offer.token = py::object();
+  offer.launch = Launch();
 }
 
 // The device guard of PrivateUse1: PyTorch's guard for a Python backend
@@ -616,7 +717,8 @@ void install_guard() {
 
 // Called by Python's door while it runs a call this door handed on: serve its signature here
 // from now on (token: what the callbacks receive; each new output's declared sizes and
-// strides, none for an in-place op).
+// strides, none for an in-place op; the runtime's timeline, the executable's cost and the
+// modelled dispatch time its launches take).
 // (`name`: the op Python ran, which must be the call this door handed on: a Python kernel
 // reached another way, a custom op's, offers nothing)
 bool offered_for(const Offer* o, const std::string& name) {
@@ -628,11 +730,17 @@ bool offered_for(const Offer* o, const std::string& name) {
 void offer(
     const std::string& name, py::object token,
     const std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, bool>>& outputs,
-    bool writes) {
+    bool writes, py::object timeline, py::object cost, int64_t dispatch_ns, py::object release) {
   Offer* o = current_offer;
   if (!offered_for(o, name) || (outputs.empty() != writes)) return;
   o->writes = writes;
   o->token = std::move(token);
+  o->launch.timeline = reinterpret_cast<trnsim::Timeline*>(timeline.attr("address")().cast<uintptr_t>());
+  o->launch.cost = reinterpret_cast<const trnsim::Cost*>(cost.attr("address")().cast<uintptr_t>());
+  o->launch.timeline_object = std::move(timeline);
+  o->launch.cost_object = std::move(cost);
+  o->launch.dispatch_ns = dispatch_ns;
+  o->launch.release = std::move(release);
   o->outputs.clear();
   for (const auto& [sizes, strides, none] : outputs) {
     o->outputs.push_back(Layout{sizes, strides, none});
@@ -645,6 +753,29 @@ void offer_view(const std::string& name) {
   if (!offered_for(o, name)) return;
   o->view = true;
   o->made = true;
+}
+
+// A neuron tensor over a CPU tensor's memory, made as the door makes its outputs (Python's
+// door makes its own with it: client/core/memory.py), or None for one it cannot alias
+// plainly (conjugate or negative views, non-strided layouts): DLPack's answer, then.
+py::object device_of(const at::Tensor& cpu) {
+  if (cpu.layout() != c10::kStrided || cpu.is_conj() || cpu.is_neg() || !cpu.is_cpu()) {
+    return py::none();
+  }
+  Adopted* adopted = nullptr;
+  return wrap(to_device(cpu, &adopted));
+}
+
+// Adopts a neuron tensor's memory made by device_of (or by this door): its storage's death
+// calls release(record). Its key in Python's table (memory_key), or -1 for memory made
+// another way, or adopted already.
+int64_t adopt(const at::Tensor& device, py::object release, py::object record) {
+  const c10::DataPtr& memory = device.storage().data_ptr();
+  if (memory.get_deleter() != &drop) return -1;
+  auto* adopted = static_cast<Adopted*>(memory.get_context());
+  if (adopted->record != nullptr) return -1;
+  adopted->adopt(release, record);
+  return memory_key(device);
 }
 
 void clear() {
@@ -672,5 +803,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("offer", &offer);
   m.def("offer_view", &offer_view);
   m.def("clear", &clear);
+  m.def("device_of", &device_of);
+  m.def("adopt", &adopt);
   m.def("stats", &stats);
 }

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 from trnsim.client.core import runtime
+from trnsim.client.core.device_memory import Block
 from trnsim.client.core.errors import execution_error, user_location
 from trnsim.client.core.memory import to_device
 from trnsim.client.core.ops import FRESH, LIST, NONE, WRITE, Entry, OpSpec
 from trnsim.client.core.types import OpValue
 from trnsim.simulator import shape_only
 from trnsim.simulator.execute import ExecutionError
-from trnsim.simulator.memory import Block
 
 Tensor = torch.Tensor
 

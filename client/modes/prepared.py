@@ -259,11 +259,9 @@ class Prepared:
         devices = []
         memory = rt.memory
         for h in made:
-            d = to_device(h)
-            memory.adopt_storage(
-                d.untyped_storage(), memory.allocate(h.untyped_storage().nbytes()), h
+            devices.append(
+                memory.adopt(to_device(h), memory.allocate(h.untyped_storage().nbytes()), h)
             )
-            devices.append(d)
         return devices
 
     def _returns(

@@ -258,3 +258,30 @@ def test_allocations_the_door_does_not_make_get_the_python_doors_answer() -> Non
         rt.memory.set_memory_limit(32 << 20)
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(128 << 20, dtype=torch.uint8, device="neuron")
+
+
+def test_autograd_accumulates_gradients_in_place_as_on_the_cpu() -> None:
+    """A device tensor's storage holds no reference a real device's would not (no Python
+    storage object per output): autograd, which adds a gradient into the one it holds in
+    place only when it holds the last reference to its storage, does so as on the CPU, in
+    both doors (before, every accumulation was out of place: one allocation more)."""
+    from torch.autograd import profiler
+
+    def adds(device: str) -> list[str]:
+        w = torch.ones(4, 3, device=device, requires_grad=True)
+        x = torch.ones(2, 4, device=device)
+        for _ in range(3):  # (warm: the door serves the last ones)
+            loss = (x @ w).sum() + (x @ w).pow(2).sum() + w.sum()
+            with profiler.profile() as prof:
+                loss.backward()
+            w.grad = None
+        names = [e.name for e in prof.function_events if e.name.startswith("aten::add")]
+        # (on neuron an op is recorded twice: the neuron call, and the CPU kernel computing it)
+        return [n for k, n in enumerate(names) if k == 0 or names[k - 1] != n]
+
+    cpu = adds("cpu")
+    assert cpu == ["aten::add", "aten::add_"], cpu
+    with fresh_core():
+        assert adds("neuron") == cpu
+    with fresh_core(), fast.python_door_only():
+        assert adds("neuron") == cpu

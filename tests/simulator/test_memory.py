@@ -15,7 +15,7 @@ def test_small_allocations_share_a_segment_and_are_reused():
     a = HbmAllocator(64 * MiB)
     x = a.malloc(1000)
     y = a.malloc(1000)
-    assert x.segment is y.segment and x.offset != y.offset
+    assert x.segment_offset == y.segment_offset and x.offset != y.offset
     assert a.allocated_bytes == 2 * 1024
     assert a.reserved_bytes == 2 * MiB
     a.free(x)
@@ -118,3 +118,23 @@ def test_live_blocks_never_overlap_and_accounting_holds(ops):
         assert all(b.offset % ALIGNMENT == 0 and b.offset + b.size <= capacity for b in live)
         assert a.allocated_bytes == sum(b.size for b in live)
         assert a.allocated_bytes <= a.reserved_bytes <= capacity
+
+
+def test_a_block_known_by_its_handle_is_freed_once():
+    """take/give, what the runtime holds of a tensor's block: a handle is never handed out
+    again, so a stale one is refused instead of freeing the block now at its address."""
+    a = HbmAllocator(64 * MiB)
+    first = a.take(1000)
+    assert a.holds(first) and a.requested(first) == 1000
+    a.give(first)
+    second = a.take(1000)  # (the same address, parked and taken back)
+    assert second != first and not a.holds(first) and a.holds(second)
+    with pytest.raises(ValueError, match="double free"):
+        a.give(first)
+    assert a.allocated_bytes == 1024, "the stale handle freed nothing"
+    with pytest.raises(ValueError, match="negative"):
+        a.take(-1)
+    with pytest.raises(OutOfMemoryError):
+        a.take(65 * MiB)
+    a.give(second)
+    assert a.allocated_bytes == 0 and a.stats()["num_frees"] == 2

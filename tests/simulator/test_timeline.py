@@ -137,3 +137,14 @@ def test_a_collective_cannot_start_before_its_queue_is_ready():
     t.host_work(10_000)
     with pytest.raises(ValueError, match="before it is ready"):
         t.occupy(7, 9_999, 1_000, "collective")
+
+
+def test_launches_count_their_hbm_traffic_and_reset_with_the_counters():
+    t = Timeline(TRN2)
+    t.enqueue(1_000, 0, {"dma": 1_000}, hbm_bytes=4096)
+    t.enqueue(0, 1, {}, overhead_ns=0)  # (no time at all: finished as it starts)
+    snap = t.snapshot()
+    assert snap["hbm_bytes"] == 4096 and snap["dma_busy_ns"] == 1_000 and snap["launches"] == 2
+    assert t.queue_depth(1) == 0
+    t.reset_counters()
+    assert t.snapshot()["hbm_bytes"] == 0 and t.host_ns == 0
