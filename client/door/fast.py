@@ -7,9 +7,13 @@ view op, of `empty` or of a copy between neuron tensors costs the Python door a 
 Python steps of about a microsecond each (docs/host-time.md). The C++ door keys the call by
 its signature without converting it to Python objects and, for a signature Python has
 offered (`offer`, from eager mode's hot path), runs the CPU's kernel over host aliases
-itself. Python keeps the accounting, in one short call (`_served`, `_served_many`, `_made`;
-an in-place op's `_may_write` before its kernel runs and `_wrote` after), so simulated
-time, memory and counters are the Python door's. Anything else (recording modes,
+itself. Python keeps the counters, the HBM blocks and its record of each output's memory,
+in one short call (`_served`, `_served_many`, `_made`; an in-place op's `_may_write` before
+its kernel runs), and answers with the stream the door launches the call on, on the
+runtime's C++ timeline (simulator/accounting.h; Python makes the launch itself when a
+profiler wants its source line: `_wrote` for an in-place op). An output's storage gives its
+block back through that record when it dies. So simulated time, memory and counters are
+the Python door's. Anything else (recording modes,
 shape-only runs, collectives awaited, shapes being recorded, an op that fails) goes
 through the Python door as before.
 
