@@ -56,7 +56,8 @@ struct Segment {
 // handed-out blocks by shared_ptr, so a handle outlives a merge (its `allocated` is then
 // false: freeing it again is a double free, not a crash).
 struct Block : std::enable_shared_from_this<Block> {
-  Segment* segment;
+  Segment* segment;  // (valid while it is allocated, cached or parked)
+  int64_t segment_offset;  // (its segment's address, readable after the segment is gone)
   int64_t offset, size;
   int64_t requested = 0;
   int64_t id = 0;  // its handle while allocated by take() (never reused), else 0
@@ -64,7 +65,7 @@ struct Block : std::enable_shared_from_this<Block> {
   bool cached = false;  // in its pool, for reuse
   Block* prev = nullptr;
   std::shared_ptr<Block> next;
-  Block(Segment* s, int64_t o, int64_t n) : segment(s), offset(o), size(n) {}
+  Block(Segment* s, int64_t o, int64_t n) : segment(s), segment_offset(s->offset), offset(o), size(n) {}
 };
 
 // The allocator refused a request: the sizes the error names.
@@ -135,6 +136,13 @@ class Allocator {
 
   // A block of at least `size` bytes (throws OutOfMemory).
   std::shared_ptr<Block> malloc(int64_t size) {
+    if (size > capacity) {  // (no segment can hold it; and its rounding would overflow)
+      unpark();
+      c.num_cache_flushes += 1;
+      empty_cache();
+      c.num_ooms += 1;
+      throw OutOfMemory{size, c.allocated_bytes, c.reserved_bytes, capacity, limit};
+    }
     const int64_t rounded = round_size(size);
     auto parked = parked_.find(rounded);
     if (parked != parked_.end() && !parked->second.empty()) {  // (every op's output)

@@ -52,8 +52,7 @@ PYBIND11_MODULE(trnsim_native, m) {
       .def_property_readonly("size", [](const Block& b) { return b.size; })
       .def_property_readonly("requested", [](const Block& b) { return b.requested; })
       .def_property_readonly("allocated", [](const Block& b) { return b.allocated; })
-      .def_property_readonly("segment_offset",
-                             [](const Block& b) { return b.segment->offset; })
+      .def_property_readonly("segment_offset", [](const Block& b) { return b.segment_offset; })
       .def("__repr__", [](const Block& b) {
         return "Block(offset=" + std::to_string(b.offset) + ", size=" + std::to_string(b.size) +
                (b.allocated ? ", allocated)" : ")");

@@ -62,12 +62,13 @@ def load_built(
     kind: str,
     sources: Sequence[Path],
     build_with: Callable[[Path, Path], None],
+    tools: Sequence[str],
     build: bool = True,
 ) -> ModuleType | None:
     """The module `name` built from sources (the first one compiled, the rest headers it
-    includes from its own folder) by build_with(where, so_file): loaded if built, else built
-    now when `build` (None if not). Raises NativeBuildError when it cannot be built or
-    loaded."""
+    includes from its own folder) by build_with(where, so_file), which needs `tools`:
+    loaded if built, else built now when `build` (None if not). Raises NativeBuildError
+    when it cannot be built or loaded."""
     where = build_directory(kind, sources, built_for())
     built = where / f"{name}.so"
     try:
@@ -87,12 +88,13 @@ def load_built(
         spec.loader.exec_module(module)
     except (OSError, RuntimeError, ImportError, subprocess.CalledProcessError) as e:
         text = str(getattr(e, "stderr", None) or e).strip()
-        missing = [tool for tool in ("g++", "ninja") if shutil.which(tool) is None]
+        missing = [tool for tool in tools if shutil.which(tool) is None]
         what_to_do = (
             f"Install {' and '.join(missing)} (apt-get install g++; pip install ninja), then "
             f"run again: it builds once per machine and version."
             if missing
-            else f"The compiler's output is in {where}."
+            else f"The compiler's output is in {where} (Python's headers, python3-dev, "
+            f"are needed too)."
         )
         raise NativeBuildError(
             f"trnsim's C++ {kind} could not be built or loaded in {where} "
@@ -139,7 +141,7 @@ def module() -> ModuleType:
     """The native core's module, built on first use (NativeBuildError if it cannot be)."""
     global _module
     if _module is None:
-        loaded = load_built(NAME, "native", SOURCES, _compile)
+        loaded = load_built(NAME, "native", SOURCES, _compile, ("g++",))
         assert loaded is not None
         _module = loaded
     return _module

@@ -16,7 +16,9 @@ from typing import TypedDict
 
 import torch
 from trnsim.client.core import env
+from trnsim.client.door import fast
 from trnsim.policy import buckets
+from trnsim.simulator import native
 
 TORCH_VERSION = "2.13.0"  # the release trnsim is built and tested against (pyproject.toml)
 
@@ -63,9 +65,36 @@ def check_device() -> Check:
         detail = f"{torch.neuron.get_device_name()}, registered on import torch"
     except env.ConfigError as e:
         ok, detail, fix = False, str(e), "correct the variable (its own line below)"
+    except native.NativeBuildError:
+        ok, detail, fix = False, "trnsim's C++ parts are not built (below)", _BUILD_FIX
     except Exception as e:  # noqa: BLE001  (reported as the check's failure)
         ok, detail = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return _check("device", ok, detail, "" if ok else fix)
+
+
+_BUILD_FIX = "install g++ and ninja (apt-get install g++; pip install ninja), then run again"
+
+
+def check_cpp_parts() -> Check:
+    """trnsim's C++ parts: the simulated core's allocator and timeline (needed) and the C++
+    door (warm eager calls without the Python door)."""
+    try:
+        core = native.module()
+    except native.NativeBuildError as e:
+        return _check("C++ parts", False, str(e), _BUILD_FIX)
+    try:
+        off = not env.fast_door()
+    except env.ConfigError:  # (its own line below)
+        off = True
+    if fast.module() is not None:
+        door = "the C++ door serves warm eager calls"
+    elif off:
+        door = f"the C++ door is off ({env.NEURON_FAST_DOOR})"
+    else:
+        door = "the C++ door is not built: every op takes the Python door (slower)"
+    return _check(
+        "C++ parts", True, f"native core in {os.path.dirname(str(core.__file__))}; {door}"
+    )
 
 
 # How each variable's value is checked: the same reader the runtime uses.
@@ -134,7 +163,7 @@ def _check_variable(name: str, value: str) -> Check:
 
 def main() -> int:
     variables = user_variables()
-    checks = [check_torch(), check_device(), *check_variables(variables)]
+    checks = [check_torch(), check_device(), check_cpp_parts(), *check_variables(variables)]
     setting = variables.get(env.NEURON_COMPILE_DAEMON, "auto").strip() or "auto"
     checks.append(_check("compile daemon setting", True, setting))
     for c in checks:

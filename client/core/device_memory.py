@@ -79,6 +79,18 @@ class DeviceMemory:
         self._counts["allocations"] += 1
         return block
 
+    def allocate_each(self, sizes: list[int | None]) -> list[Block | None]:
+        """A block for each size (None for None), in order; if one cannot be had, those
+        taken already are given back before the error is raised."""
+        blocks: list[Block | None] = []
+        try:
+            for nbytes in sizes:
+                blocks.append(None if nbytes is None else self.allocate(nbytes))
+        except BaseException:
+            self.free_unadopted([b for b in blocks if b is not None])
+            raise
+        return blocks
+
     def adopt(self, tensor: torch.Tensor, block: Block, host: torch.Tensor) -> torch.Tensor:
         """Frees the block when the tensor's storage dies (views keep it alive); remembers
         the CPU tensor whose memory it is until then. Memory the C++ door made (memory.py:

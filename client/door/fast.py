@@ -78,7 +78,7 @@ def load(build: bool = True) -> ModuleType | None:
         warnings.warn(f"{e}; the C++ door stays off", RuntimeWarning, stacklevel=2)
         serve = False
     try:
-        module = native.load_built(NAME, "door", SOURCES, _build, build)
+        module = native.load_built(NAME, "door", SOURCES, _build, ("g++", "ninja"), build)
     except native.NativeBuildError as e:
         warnings.warn(
             f"{e} Until then every op takes the Python door, which costs several "
@@ -155,7 +155,7 @@ def _served_many(
     if not _counted(rt):
         return None
     memory = rt.memory
-    blocks = [memory.allocate(r.nbytes) if r.kind is FRESH else None for r in entry.returns]
+    blocks = memory.allocate_each([r.nbytes if r.kind is FRESH else None for r in entry.returns])
     records = tuple(
         None if block is None else memory.adopted(ptr, block, host)  # type: ignore[arg-type]
         for block, ptr, host in zip(blocks, ptrs, hosts, strict=True)

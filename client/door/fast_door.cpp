@@ -78,7 +78,9 @@ void launch_on(const Fast& fast, int64_t stream) {
 }
 
 struct State {
-  std::unordered_map<std::string, Fast> table;
+  // (shared: a call being served keeps its entry while its kernel runs without the GIL,
+  // whatever clear() does meanwhile)
+  std::unordered_map<std::string, std::shared_ptr<const Fast>> table;
   std::unordered_set<const c10::FunctionSchema*> views;  // ops served as views
   // Python's callbacks (fast.py)
   py::object served_cb, served_many_cb, may_write_cb, wrote_cb, failed_cb, view, made_cb;
@@ -287,7 +289,12 @@ struct Adopted {
 void drop(void* context) {
   auto* adopted = static_cast<Adopted*>(context);
   // (not once the interpreter is going away: nothing is left to account)
-  if (adopted->record != nullptr && Py_IsInitialized() && !_Py_IsFinalizing()) {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (adopted->record != nullptr && Py_IsInitialized() && !finalizing) {
     PyGILState_STATE gil = PyGILState_Ensure();  // (a storage may die on any thread)
     PyObject *type, *value, *traceback;  // (it may die while an error is being raised)
     PyErr_Fetch(&type, &value, &traceback);
@@ -598,7 +605,9 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
       }
       keyed = signature(*as, call->data() + call->size() - call_n, call_n, key);
       auto found = keyed ? s.table.find(key) : s.table.end();
-      if (found != s.table.end() && serve(s, found->second, *as, call, call_n)) {
+      std::shared_ptr<const Fast> fast;
+      if (found != s.table.end()) fast = found->second;
+      if (fast && serve(s, *fast, *as, call, call_n)) {
         if (call != stack) {  // (_copy_from returns what copy_ wrote: dst)
           at::Tensor written = copy.back().toTensor();
           torch::jit::drop(*stack, n);
@@ -636,8 +645,9 @@ void door(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
   if (offer.view) {
     s.views.insert(&op.schema());
   } else if (keyed) {
-    s.table[key] = Fast{std::move(offer.token), std::move(offer.outputs), offer.writes,
-                        std::move(offer.launch)};
+    s.table[key] = std::make_shared<const Fast>(Fast{std::move(offer.token),
+                                                     std::move(offer.outputs), offer.writes,
+                                                     std::move(offer.launch)});
   }
   offer.token = py::object();
   offer.launch = Launch();

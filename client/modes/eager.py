@@ -73,7 +73,8 @@ def _execute(
     # every tensor argument, so `takes` never renumbers out_args.)
     for index in entry.out_args:
         inputs[index] = torch.empty(0, dtype=tensors[index].dtype)
-    blocks = [rt.memory.allocate(n) for r in entry.returns for n in r.sizes]
+    sizes: list[int | None] = [n for r in entry.returns for n in r.sizes]
+    blocks = [b for b in rt.memory.allocate_each(sizes) if b is not None]
     loaded = entry.loaded or entry.executable()
     try:
         outs = loaded.run(inputs, scalars, rt.generator)

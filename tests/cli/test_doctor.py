@@ -29,6 +29,7 @@ def test_doctor_fails_on_a_cache_directory_open_to_others_and_a_misspelt_variabl
     assert out.returncode == 1, out.stdout + out.stderr
     assert any(line.startswith("ok    torch: torch 2.13.0") for line in lines)
     assert any(line.startswith("ok    device: simulated") for line in lines)
+    assert any(line.startswith("ok    C++ parts: native core in ") for line in lines)
     assert any(line.startswith("ok    daemon: none running on unix:") for line in lines)
     assert not (run / "trnsim" / "compiler.sock").exists(), "the doctor starts no daemon"
     assert not (tmp_path / "run.graphs").exists(), "nor writes a run's files"

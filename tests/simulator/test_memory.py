@@ -138,3 +138,14 @@ def test_a_block_known_by_its_handle_is_freed_once():
         a.take(65 * MiB)
     a.give(second)
     assert a.allocated_bytes == 0 and a.stats()["num_frees"] == 2
+
+
+def test_a_request_larger_than_the_device_is_out_of_memory_whatever_its_size():
+    a = HbmAllocator(64 * MiB)
+    for size in (65 * MiB, 2**63 - MiB, 2**63 - 1):  # (the last two would overflow rounding)
+        with pytest.raises(OutOfMemoryError) as e:
+            a.malloc(size)
+        assert e.value.requested == size
+    assert a.stats()["num_ooms"] == 3 and a.reserved_bytes == 0
+    a.malloc(MiB)  # (nothing was corrupted)
+    assert a.stats()["segments"] == 1
