@@ -149,14 +149,7 @@ class Allocator {
       Block* reused = parked->second.back();
       parked->second.pop_back();
       --n_parked_;
-      reused->allocated = true;
-      reused->requested = size;
-      reused->segment->blocks_in_use += 1;
-      c.allocated_bytes += rounded;
-      c.requested_bytes += size;
-      c.peak_allocated_bytes = std::max(c.peak_allocated_bytes, c.allocated_bytes);
-      c.num_allocs += 1;
-      return reused->shared_from_this();
+      return hand_out(reused, size);
     }
     unpark();
     const bool small = rounded <= kSmallRequest;
@@ -172,14 +165,7 @@ class Allocator {
       throw OutOfMemory{size, c.allocated_bytes, c.reserved_bytes, capacity, limit};
     }
     split(block, rounded, small);
-    block->allocated = true;
-    block->requested = size;
-    block->segment->blocks_in_use += 1;
-    c.allocated_bytes += block->size;
-    c.requested_bytes += block->requested;
-    c.peak_allocated_bytes = std::max(c.peak_allocated_bytes, c.allocated_bytes);
-    c.num_allocs += 1;
-    return block->shared_from_this();
+    return hand_out(block, size);
   }
 
   // malloc() of a block known by a handle (a number never handed out again), which is all
@@ -289,6 +275,18 @@ class Allocator {
   int64_t next_id_ = 1;
 
   Pool& pool(const Block* b) { return b->segment->small ? small_ : large_; }
+
+  // The block, of its final size, allocated for a request of `size` bytes, and counted.
+  std::shared_ptr<Block> hand_out(Block* block, int64_t size) {
+    block->allocated = true;
+    block->requested = size;
+    block->segment->blocks_in_use += 1;
+    c.allocated_bytes += block->size;
+    c.requested_bytes += size;
+    c.peak_allocated_bytes = std::max(c.peak_allocated_bytes, c.allocated_bytes);
+    c.num_allocs += 1;
+    return block->shared_from_this();
+  }
 
   void unpark() {
     if (!n_parked_) return;

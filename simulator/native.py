@@ -38,7 +38,8 @@ class NativeBuildError(RuntimeError):
 
 
 def cache_home() -> Path:
-    """XDG_CACHE_HOME, else ~/.cache: where trnsim keeps what it builds."""
+    """XDG_CACHE_HOME, else ~/.cache: where trnsim keeps what it builds (the native core
+    and the C++ door)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 

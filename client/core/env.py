@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 from trnsim.compiler.compile_time import parse_scale
 
@@ -105,11 +104,6 @@ def direct_reads() -> bool:
     if value not in ("1", "0", "on", "off"):
         raise ConfigError(f"{NEURON_COMPILE_DIRECT_READS}={value!r}: use 1 (the default) or 0")
     return value in ("1", "on")
-
-
-def cache_home() -> Path:
-    """XDG_CACHE_HOME, else ~/.cache: where the client keeps what it builds (the C++ door)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def fast_door() -> bool:
